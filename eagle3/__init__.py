@@ -1,0 +1,1 @@
+"""eagle3: reproducible EAGLE-3 draft training for vLLM."""

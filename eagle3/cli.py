@@ -1,0 +1,53 @@
+"""`eagle3 <command>`: one subcommand per DVC stage, plus tools around them.
+
+stages/<stage>.py calls this same entry point, so `dvc repro` and a user at the
+shell run identical code.
+"""
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from eagle3.config import load_params
+from eagle3.errors import Eagle3Error
+
+# name -> (module, one-line help). Each module exposes run(params, root).
+STAGES: dict[str, tuple[str, str]] = {
+    "verifier": ("eagle3.verifier", "fetch/convert the verifier and record its provenance"),
+    "prepare": ("eagle3.prepare", "normalise, dedupe and split the open prompt datasets"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagle3", description="Reproducible EAGLE-3 draft training for vLLM.")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, help_text) in STAGES.items():
+        commands.add_parser(name, help=f"stage: {help_text}")
+    commands.add_parser("check", help="validate the params file and print it fully resolved (defaults filled in)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        params = load_params(args.params)
+        root = args.params.resolve().parent
+        if args.command == "check":
+            print(json.dumps(params.model_dump(mode="json"), indent=2))
+        else:
+            module = importlib.import_module(STAGES[args.command][0])
+            module.run(params, root)
+    except Eagle3Error as exc:
+        print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"eagle3 {args.command}: interrupted; finished work is kept, rerun to continue", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

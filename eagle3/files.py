@@ -1,0 +1,44 @@
+"""Crash-safe outputs: deterministic JSON, and directories that appear whole or not at all.
+
+Identical content gives identical bytes (no timestamps, sorted keys), so DVC
+hashes stay stable and downstream stages are not invalidated by a rerun.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(dumps(data), encoding="utf-8")
+    os.replace(partial, path)
+
+
+@contextmanager
+def staged_dir(out: Path) -> Iterator[Path]:
+    """Yield an empty scratch directory beside `out`; on success it replaces `out`, on any error it is deleted.
+
+    A run killed at any point leaves either the previous `out` or the new one, never a mix.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as scratch:
+        staging = Path(scratch) / out.name
+        staging.mkdir()
+        yield staging
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)

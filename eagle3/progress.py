@@ -1,0 +1,32 @@
+"""Rich progress bars on stderr, shared by every long-running stage."""
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def progress() -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def step(message: str) -> None:
+    """A one-line status message for work that has no meaningful total."""
+    console.print(f"[cyan]•[/cyan] {message}")
