@@ -77,7 +77,7 @@ def describe_error(error: dict) -> str:
     loc = _user_loc(error["loc"])
     kind, ctx, value = error["type"], error.get("ctx", {}), error.get("input")
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
+        allowed = _allowed_keys(error["loc"][:-1])
         hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
         return f"{_dotted(loc)}: unknown key{hint}"
     if kind == "missing":
@@ -107,25 +107,30 @@ def _dotted(loc: tuple) -> str:
     return text or "(top level)"
 
 
-def _user_loc(loc: tuple) -> tuple:
-    """Drop the discriminator tags pydantic inserts (e.g. 'pypi-gguf') so the path matches the YAML."""
+def _walk(loc: tuple) -> tuple[tuple, Any]:
+    """Follow a pydantic error location from Params: (the location as the YAML spells it, the model reached).
+
+    pydantic inserts the discriminator tag of a union member (e.g. 'pypi-gguf')
+    into locations; it selects the member here and is left out of the path.
+    """
     model: Any = Params
     kept: list = []
     for part in loc:
-        if isinstance(part, str) and _tags(model) and part in _tags(model):
-            model = _tags(model)[part]
+        tags = _tags(model)
+        if isinstance(part, str) and part in tags:
+            model = tags[part]
             continue
         kept.append(part)
         model = _child(model, part)
-    return tuple(kept)
+    return tuple(kept), model
+
+
+def _user_loc(loc: tuple) -> tuple:
+    return _walk(loc)[0]
 
 
 def _allowed_keys(loc: tuple) -> list[str]:
-    model: Any = Params
-    for part in loc:
-        model = _child(model, part)
-    if _tags(model):
-        return []
+    model = _walk(loc)[1]
     return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
 
 

@@ -5,9 +5,11 @@ Rows: id, source (sub-source), origin (input name), prompt_hash, messages
 [{role, content}]. Every rejected row is counted by reason; nothing valid is
 dropped except by the duplicate rule and the caps, which are counted too.
 
-Order and split are keyed by sha256(seed, prompt_hash), not by file position:
-the same params give byte-identical outputs, and adding rows to an input never
-moves an existing held-out prompt into training.
+Order, caps and split are keyed by sha256(seed, prompt_hash), not by file
+position, so a cap is a uniform sample rather than a file's head, and the same
+params give byte-identical outputs. The held-out rows are the first
+`heldout_rows` of that order; dedupe on prompt_hash guarantees no held-out
+prompt also appears in training.
 """
 
 import hashlib

@@ -1,0 +1,59 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE_PARAMS = REPO / "tests" / "smoke" / "params.yaml"
+# What a project needs besides its outputs: code, stage entry points, DVC wiring and shipped data.
+PROJECT_FILES = ("dvc.yaml", "stages", "eagle3", "data/prompts", ".dvc/config", ".dvcignore")
+
+
+def smoke_params() -> dict:
+    return yaml.safe_load(SMOKE_PARAMS.read_text())
+
+
+def make_project(root: Path, params: dict | None = None) -> Path:
+    """A copy of this project in `root` with the smoke params as params.yaml."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        src, dst = REPO / name, root / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, dst)
+    write_params(root, params if params is not None else smoke_params())
+    return root
+
+
+def write_params(root: Path, params: dict) -> Path:
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def eagle3(root: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user or DVC would."""
+    result = subprocess.run(
+        [sys.executable, "-m", "eagle3.cli", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"eagle3 {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def verifier_project(tmp_path_factory) -> Path:
+    """A project whose `verifier` stage has run once: the embedded verifier converted from its PyPI wheel."""
+    root = make_project(tmp_path_factory.mktemp("verifier-project"))
+    eagle3(root, "verifier")
+    return root

@@ -1,0 +1,152 @@
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, SMOKE_PARAMS, smoke_params, write_params
+from eagle3.config import load_params
+from eagle3.errors import Eagle3Error
+
+
+def test_shipped_params_load():
+    default = load_params(REPO / "params.yaml")
+    smoke = load_params(SMOKE_PARAMS)
+    assert default.verifier.source.kind == "pypi-gguf"
+    assert default.prepare.sources[0].path == "data/prompts/eagle3-prompts.jsonl"
+    assert smoke.prepare.max_rows == 240 and default.prepare.max_rows is None
+
+
+def _set(params: dict, dotted: str, value) -> dict:
+    params = copy.deepcopy(params)
+    node = params
+    *parents, last = dotted.split(".")
+    for key in parents:
+        node = node[int(key)] if key.isdigit() else node[key]
+    node[last] = value
+    return params
+
+
+def _drop(params: dict, dotted: str) -> dict:
+    params = copy.deepcopy(params)
+    node = params
+    *parents, last = dotted.split(".")
+    for key in parents:
+        node = node[key]
+    del node[last]
+    return params
+
+
+LOCAL_VERIFIER = {"kind": "local", "path": "/models/x", "name": "org/x"}
+
+INVALID = [
+    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare)"),
+    (
+        lambda p: _set(p, "prepare.heldout_row", 3),
+        "params.yaml: prepare.heldout_row: unknown key (allowed: sources, max_rows, max_rows_per_source, heldout_rows, seed)",
+    ),
+    (lambda p: _set(p, "prepare.heldout_rows", 0), "params.yaml: prepare.heldout_rows: must be >= 1, got 0"),
+    (lambda p: _set(p, "prepare.max_rows", -5), "params.yaml: prepare.max_rows: must be > 0, got -5"),
+    (lambda p: _set(p, "prepare.sources.0.max_rows", 0), "params.yaml: prepare.sources[0].max_rows: must be > 0, got 0"),
+    (
+        lambda p: _set(p, "prepare.seed", "abc"),
+        "params.yaml: prepare.seed: input should be a valid integer, unable to parse string as an integer, got 'abc'",
+    ),
+    (
+        lambda p: _set(p, "verifier.trust_remote_code", "maybe"),
+        "params.yaml: verifier.trust_remote_code: input should be a valid boolean, unable to interpret input, got 'maybe'",
+    ),
+    (
+        lambda p: _set(p, "verifier.dtype", "int8"),
+        "params.yaml: verifier.dtype: must be one of 'bfloat16', 'float16' or 'float32', got 'int8'",
+    ),
+    (
+        lambda p: _set(p, "verifier.source.kind", "ftp"),
+        "params.yaml: verifier.source.kind: must be one of 'pypi-gguf', 'local', got 'ftp'",
+    ),
+    (
+        lambda p: _set(p, "verifier.source", LOCAL_VERIFIER),
+        "params.yaml: verifier.source.license: required key is missing",
+    ),
+    (
+        lambda p: _set(p, "verifier.source.pakage", "x"),
+        "params.yaml: verifier.source.pakage: unknown key (allowed: kind, package, version, wheel_sha256, gguf_file, "
+        "upstream_model, quantization, license)",
+    ),
+    (
+        lambda p: _set(p, "verifier.source.wheel_sha256", "abc"),
+        "params.yaml: verifier.source.wheel_sha256: 'abc' does not match the required form ^[0-9a-f]{64}$",
+    ),
+    (
+        lambda p: _set(p, "prepare.sources.0.path", "prompts.csv"),
+        r"params.yaml: prepare.sources[0].path: 'prompts.csv' does not match the required form \.(parquet|jsonl)$",
+    ),
+    (
+        lambda p: _set(
+            p,
+            "prepare.sources",
+            [{"kind": "hf", "name": "blend", "dataset": "mlabonne/open-perfectblend", "revision": "main", "license": "apache-2.0"}],
+        ),
+        "params.yaml: prepare.sources[0].revision: 'main' does not match the required form ^[0-9a-f]{40}$",
+    ),
+    (
+        lambda p: _set(p, "prepare.sources", p["prepare"]["sources"] * 2),
+        "params.yaml: prepare: sources: names must be unique, repeated: eagle3-prompts",
+    ),
+    (lambda p: _set(p, "prepare.sources", []), "params.yaml: prepare.sources: list should have at least 1 item after validation, not 0"),
+    (lambda p: _drop(p, "prepare"), "params.yaml: prepare: required key is missing"),
+    (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
+]
+
+
+@pytest.mark.parametrize("mutate, message", INVALID, ids=[message.split(": ")[1] for _, message in INVALID])
+def test_invalid_params_name_the_key(tmp_path, mutate, message):
+    path = write_params(tmp_path, mutate(smoke_params()))
+    with pytest.raises(Eagle3Error) as caught:
+        load_params(path)
+    assert str(caught.value) == message.replace("params.yaml", str(path), 1)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("verifier: [unclosed\n", ":2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
+        ("prepare:\n  seed: 1\n  seed: 2\n", ":3: invalid YAML: duplicate key 'seed'"),
+        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare), got list"),
+    ],
+)
+def test_unparseable_params(tmp_path, text, message):
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(Eagle3Error) as caught:
+        load_params(path)
+    assert str(caught.value) == f"{path}{message}"
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(Eagle3Error, match=r"params.yaml: file not found"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_cli_reports_one_line_and_exit_code(tmp_path):
+    write_params(tmp_path, _set(smoke_params(), "prepare.heldout_rows", -1))
+    result = subprocess.run(
+        [sys.executable, "-m", "eagle3.cli", "prepare"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "eagle3 prepare: error: params.yaml: prepare.heldout_rows: must be >= 1, got -1"
+    ]
+    assert not (tmp_path / "data").exists()
+
+
+def test_check_prints_resolved_defaults(tmp_path):
+    params = smoke_params()
+    del params["verifier"]["dtype"]
+    write_params(tmp_path, params)
+    result = subprocess.run([sys.executable, "-m", "eagle3.cli", "check"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["verifier"]["dtype"] == "bfloat16"
+    assert resolved["prepare"]["heldout_rows"] == 16
