@@ -16,17 +16,19 @@ $(STAMP): pyproject.toml
 	@set -euo pipefail; \
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then extra=cuda; else extra=cpu; fi; \
 	echo "eagle3 setup: installing with extra [$$extra]"; \
-	$(PY) -m pip install --quiet $(if $(WHEELS),--find-links $(WHEELS)) -e ".[$$extra,test]"; \
+	$(PY) -m pip install --quiet $(if $(WHEELS),--find-links $(WHEELS)) -e ".[$$extra,test]" 2>&1 \
+	  | { grep -v "is ignored: it is neither a file nor a directory" || true; }; \
 	if [ "$$extra" = cpu ]; then \
 	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true; \
 	fi
 	@touch $(STAMP)
 
+# Stage commands call `python`: put the venv first so DVC runs them with the project's interpreter.
 repro: $(STAMP)
-	$(VENV)/bin/dvc repro
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
 
 test: $(STAMP)
-	$(VENV)/bin/pytest
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest
 
 clean-venv:
 	rm -rf $(VENV)
