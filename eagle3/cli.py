@@ -13,10 +13,11 @@ from pathlib import Path
 from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
 
-# name -> (module, one-line help). Each module exposes run(params, root).
+# name -> (module, one-line help). Each module exposes run(params, root, options).
 STAGES: dict[str, tuple[str, str]] = {
     "verifier": ("eagle3.verifier", "fetch/convert the verifier and record its provenance"),
     "prepare": ("eagle3.prepare", "normalise, dedupe and split the open prompt datasets"),
+    "generate": ("eagle3.generate", "the verifier regenerates every assistant turn (resumable)"),
 }
 
 
@@ -25,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, help_text) in STAGES.items():
-        commands.add_parser(name, help=f"stage: {help_text}")
+        stage = commands.add_parser(name, help=f"stage: {help_text}")
+        if name == "generate":
+            stage.add_argument("--rank", type=int, default=0, help="this process's slice of the parts (default 0)")
+            stage.add_argument("--world-size", type=int, default=1, help="number of slices run in parallel (default 1)")
     commands.add_parser("check", help="validate the params file and print it fully resolved (defaults filled in)")
     return parser
 
@@ -39,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(params.model_dump(mode="json"), indent=2))
         else:
             module = importlib.import_module(STAGES[args.command][0])
-            module.run(params, root)
+            module.run(params, root, args)
     except Eagle3Error as exc:
         print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code

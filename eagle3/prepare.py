@@ -28,10 +28,10 @@ from eagle3.conversations import DROP_REASONS, InvalidRow, normalize, prompt_has
 from eagle3.errors import Eagle3Error
 from eagle3.files import staged_dir, write_json
 from eagle3.hashing import sha256_bytes, sha256_file
+from eagle3.layout import PREPARED_DIR
 from eagle3.params.prepare import HubDataset, LocalDataset, PrepareParams
 from eagle3.progress import progress, step
 
-OUTPUT_DIR = Path("data/prepared")
 SPLITS = ("train", "heldout")
 SCHEMA = pa.schema(
     [
@@ -60,7 +60,7 @@ class _InputStats:
     dropped: Counter = field(default_factory=Counter)
 
 
-def run(params, root: Path) -> None:
+def run(params, root: Path, options=None) -> None:
     config: PrepareParams = params.prepare
     drops: Counter = Counter()
     drop_examples: dict[str, list[str]] = defaultdict(list)
@@ -118,7 +118,7 @@ def run(params, root: Path) -> None:
         )
     splits = {"heldout": kept[: config.heldout_rows], "train": kept[config.heldout_rows :]}
 
-    out = root / OUTPUT_DIR
+    out = root / PREPARED_DIR
     with staged_dir(out) as staging:
         card = {
             "schema": "eagle3.prepared/1: id, source, origin, prompt_hash, messages[{role, content}]",
@@ -147,7 +147,7 @@ def run(params, root: Path) -> None:
     step(
         f"prepared {card['rows_out']['train']} train + {card['rows_out']['heldout']} held-out rows "
         f"from {card['rows_in']} read ({sum(drops.values())} invalid, {duplicates} duplicates, "
-        f"{sum(capped.values())} over caps) -> {OUTPUT_DIR}"
+        f"{sum(capped.values())} over caps) -> {PREPARED_DIR}"
     )
 
 

@@ -21,19 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import Eagle3Error
+from eagle3.layout import PROVENANCE, VERIFIER_DIR, read_provenance
 from eagle3.hashing import safetensors_header_sha256, sha256_bytes, sha256_file
 from eagle3.files import staged_dir, write_json
 from eagle3.params.verifier import LocalSource, PypiGgufSource, VerifierParams
 from eagle3.progress import step
 
-OUTPUT_DIR = Path("models/verifier")
-PROVENANCE = "provenance.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "tokenizer_config.json", "vocab.json", "merges.txt")
 
 
-def run(params, root: Path) -> None:
+def run(params, root: Path, options=None) -> None:
     verifier: VerifierParams = params.verifier
-    out = root / OUTPUT_DIR
+    out = root / VERIFIER_DIR
     if isinstance(verifier.source, PypiGgufSource):
         convert_pypi_gguf(verifier, out)
     else:
@@ -48,22 +47,6 @@ def run(params, root: Path) -> None:
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """vLLM's EAGLE-3 default: residual stream entering layers 2, N//2 and N-3 (id k = HF hidden_states[k])."""
     return [2, num_layers // 2, num_layers - 3]
-
-
-def read_provenance(root: Path) -> dict[str, Any]:
-    path = root / OUTPUT_DIR / PROVENANCE
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path}: missing; run `dvc repro verifier` (or `eagle3 verifier`) first") from None
-
-
-def verifier_dir(root: Path) -> Path:
-    """Where the verifier's HF files are: the converted copy, or the referenced local directory."""
-    provenance = read_provenance(root)
-    if provenance["source"]["kind"] == "local":
-        return (root / provenance["source"]["path"]).resolve()
-    return root / OUTPUT_DIR
 
 
 def describe_model_dir(model_dir: Path, trust_remote_code: bool) -> dict[str, Any]:

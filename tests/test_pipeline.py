@@ -28,20 +28,31 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     root = make_project(tmp_path)
     _run(root, "git", "init", "-q")
 
-    assert _ran(_run(root, "dvc", "repro")) == ["verifier", "prepare"]
+    assert _ran(_run(root, "dvc", "repro")) == ["verifier", "prepare", "generate"]
 
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     outs = {out["path"]: out for stage in lock["stages"].values() for out in stage["outs"]}
     assert outs["models/verifier"]["nfiles"] == 7 and outs["data/prepared"]["nfiles"] == 3
+    assert outs["data/synthetic"]["nfiles"] == 2 + 5 + 1  # run.json, manifest.json, 5 train parts, 1 held-out part
     assert lock["stages"]["prepare"]["params"]["params.yaml"]["prepare"]["heldout_rows"] == 16
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
     assert _ran(_run(root, "dvc", "repro")) == []
+    shown = _run(root, "dvc", "metrics", "show")
+    assert "metrics/generate.json" in shown and "96" in shown  # 96 samples generated
 
-    # A prepare param re-runs prepare only; the verifier's output is untouched.
+    # An execution-only setting re-runs generate, which finds every part done and regenerates nothing.
     params = yaml.safe_load((root / "params.yaml").read_text())
+    params["generate"]["vllm"]["gpu_memory_utilization"] = 0.25
+    write_params(root, params)
+    output = _run(root, "dvc", "repro")
+    assert _ran(output) == ["generate"] and "parts to make" not in output
+    relocked = yaml.safe_load((root / "dvc.lock").read_text())
+    assert relocked["stages"]["generate"]["outs"][0] == lock["stages"]["generate"]["outs"][0]
+
+    # A prepare param re-runs prepare and what depends on it; the verifier's output is untouched.
     params["prepare"]["seed"] = 3
     write_params(root, params)
-    assert _ran(_run(root, "dvc", "repro")) == ["prepare"]
+    assert _ran(_run(root, "dvc", "repro")) == ["prepare", "generate"]
 
     # Deleted outputs come back from the DVC cache without re-running anything.
     _run(root, "rm", "-rf", "data/prepared")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import eagle3, make_project, smoke_params
-from eagle3.verifier import verifier_dir
+from eagle3.layout import verifier_dir
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,33 @@
+"""Where each stage's outputs live, and how later stages find the verifier.
+
+Kept apart from the stages' code so a stage's DVC deps can name this small
+module instead of another stage's implementation.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import Eagle3Error
+
+VERIFIER_DIR = Path("models/verifier")
+PROVENANCE = "provenance.json"
+PREPARED_DIR = Path("data/prepared")
+SYNTHETIC_DIR = Path("data/synthetic")
+METRICS_DIR = Path("metrics")
+
+
+def read_provenance(root: Path) -> dict[str, Any]:
+    path = root / VERIFIER_DIR / PROVENANCE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise Eagle3Error(f"{path}: missing; run `dvc repro verifier` (or `eagle3 verifier`) first") from None
+
+
+def verifier_dir(root: Path) -> Path:
+    """Where the verifier's HF files are: the converted copy, or the referenced local directory."""
+    provenance = read_provenance(root)
+    if provenance["source"]["kind"] == "local":
+        return (root / provenance["source"]["path"]).resolve()
+    return root / VERIFIER_DIR

@@ -1,0 +1,64 @@
+"""params.yaml `generate:` — how the verifier regenerates the assistant turns."""
+
+from typing import Literal
+
+from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, model_validator
+
+from eagle3.params.base import Section
+
+
+class Sampling(Section):
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: PositiveInt = 256
+    # Each request's seed derives from this, the sample id and the turn, so sampled output does not depend on batching.
+    seed: int = 0
+
+
+class VllmEngine(Section):
+    """Offline `vllm.LLM` engine arguments."""
+
+    tensor_parallel_size: PositiveInt = 1
+    max_model_len: PositiveInt = 2048
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    # vLLM's CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB), not from memory utilization.
+    cpu_kvcache_space_gib: PositiveInt = 2
+    # Skips torch.compile: on CPU it cuts engine start from ~165 s to ~30 s.
+    enforce_eager: bool = False
+
+
+class OpenAIServers(Section):
+    """OpenAI-compatible servers (`vllm serve` of the verifier); requests are spread over all of them."""
+
+    base_urls: list[HttpUrl] = Field(min_length=1, description="e.g. http://10.0.0.5:8000/v1")
+    model: str = Field(min_length=1, description="the served model name")
+    concurrency: PositiveInt = 32
+    timeout_s: float = Field(600.0, gt=0)
+    max_retries: NonNegativeInt = 8
+    backoff_s: float = Field(1.0, gt=0)
+    max_backoff_s: float = Field(30.0, gt=0)
+    # Name of an environment variable holding the API key; the key itself never goes in params.yaml.
+    api_key_env: str | None = None
+
+
+class TransformersFallback(Section):
+    batch_size: PositiveInt = 8
+
+
+class GenerateParams(Section):
+    backend: Literal["vllm", "openai", "transformers"] = "vllm"
+    # all: every assistant turn, each conditioned on the regenerated history; last: only the reply to the last user turn.
+    turns: Literal["all", "last"] = "all"
+    splits: list[Literal["train", "heldout"]] = Field(["train", "heldout"], min_length=1)
+    # Samples per output part: the unit of resume (a killed run redoes at most the parts in flight).
+    chunk_size: PositiveInt = 64
+    sampling: Sampling = Sampling()
+    vllm: VllmEngine = VllmEngine()
+    openai: OpenAIServers | None = None
+    transformers: TransformersFallback = TransformersFallback()
+
+    @model_validator(mode="after")
+    def _openai_needs_servers(self) -> "GenerateParams":
+        if self.backend == "openai" and self.openai is None:
+            raise ValueError("backend openai needs an `openai:` block with base_urls and model")
+        return self

@@ -1,0 +1,44 @@
+"""Reasoning ("thinking") text in assistant turns: detect it, and hand it to chat templates as vLLM serving does.
+
+Two shapes reach us. A server with a reasoning parser returns it in a separate
+field (`reasoning`, formerly `reasoning_content`); a model served without one
+returns it inline, as `<think>...</think>` at the start of the content. Both are
+kept as the verifier produced them: the separate field in the turn's
+`reasoning`, the inline form untouched in `content`. When a conversation is
+rendered, assistant turns carry both `reasoning` and `reasoning_content`, the
+two names vLLM's renderer gives chat templates, so each template keeps or drops
+the reasoning exactly as it does in serving.
+"""
+
+import re
+from typing import Any
+
+_INLINE = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
+
+
+def inline_reasoning(content: str) -> str | None:
+    match = _INLINE.match(content)
+    return match[1] if match else None
+
+
+def reasoning_format(content: str, reasoning: str | None) -> str | None:
+    if reasoning:
+        return "field"
+    return "inline" if inline_reasoning(content) is not None else None
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a chat template sees them in vLLM serving."""
+    rendered = []
+    for message in messages:
+        item = {"role": message["role"], "content": message["content"]}
+        if message["role"] == "assistant" and message.get("reasoning"):
+            item["reasoning"] = item["reasoning_content"] = message["reasoning"]
+        rendered.append(item)
+    return rendered
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(
+        template_messages(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+    )

@@ -1,0 +1,58 @@
+"""A minimal OpenAI-compatible HTTP server on 127.0.0.1 whose answers a test scripts: faults and reasoning shapes
+that a real `vllm serve` of the embedded verifier cannot be made to produce on demand."""
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Reply = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
+
+
+def completion(content: str, reasoning: str | None = None, finish_reason: str = "stop") -> tuple[int, dict[str, Any]]:
+    message = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning"] = reasoning
+    return 200, {
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7},
+    }
+
+
+class FakeServer:
+    def __init__(self, reply: Reply, delay_s: float = 0.0):
+        self.requests: list[dict[str, Any]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(body)
+                time.sleep(delay_s)
+                status, payload = reply(body)
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> "FakeServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
