@@ -187,9 +187,11 @@ def run(params, root: Path, options=None) -> None:
             try:
                 backend.process(chunks(), on_done)
             except Eagle3Error as exc:
-                finished = sum(len(finished_parts(out / split)) for split in config.splits)
+                parts = {split: finished_parts(out / split) for split in config.splits}
+                samples = sum(len(rows[s][i * config.chunk_size : (i + 1) * config.chunk_size]) for s in parts for i in parts[s])
                 raise Eagle3Error(
-                    f"{exc}; {finished}/{sum(total_parts.values())} parts are finished and kept, rerun to continue"
+                    f"{exc}; {sum(map(len, parts.values()))}/{sum(total_parts.values())} parts "
+                    f"({samples}/{sum(map(len, rows.values()))} samples) are finished and kept, rerun to continue"
                 ) from None
             finally:
                 elapsed = time.monotonic() - started
