@@ -37,7 +37,7 @@ from eagle3.layout import METRICS_DIR, PREPARED_DIR, SYNTHETIC_DIR, read_provena
 from eagle3.params.generate import GenerateParams
 from eagle3.progress import progress, step
 from eagle3.reasoning import reasoning_format
-from eagle3.synthetic import finished_parts, part_path, read_part, write_part
+from eagle3.synthetic import FORMAT_VERSION, finished_parts, part_path, read_part, write_part
 
 METRICS = METRICS_DIR / "generate.json"
 # Execution-only settings: changing them must resume, not restart.
@@ -86,6 +86,7 @@ class Conversation:
             self.upcoming_users = []
         self.turns: list[dict[str, Any]] = []
         self.skip_reason: str | None = None
+        self.truncated_reason: str | None = None
 
     @property
     def needs_turn(self) -> bool:
@@ -97,7 +98,13 @@ class Conversation:
 
     def accept(self, result: TurnResult | Skip) -> None:
         if isinstance(result, Skip):
-            self.skip_reason = result.reason
+            if self.turns:
+                # Earlier turns are good data: keep them, end the conversation before the turn that cannot fit.
+                self.messages = self.messages[:-1]
+                self.upcoming_users = []
+                self.truncated_reason = result.reason
+            else:
+                self.skip_reason = result.reason
             return
         self.messages = [*self.messages, {"role": "assistant", "content": result.content, "reasoning": result.reasoning}]
         self.turns.append(
@@ -116,6 +123,7 @@ class Conversation:
             **{key: self.row[key] for key in ("id", "source", "origin", "prompt_hash")},
             "status": "skipped" if self.skip_reason else "ok",
             "skip_reason": self.skip_reason,
+            "truncated_reason": self.truncated_reason,
             "messages": self.messages if not self.skip_reason else self.row["messages"],
             "turns": self.turns,
             **common,
@@ -219,6 +227,7 @@ def _run_key(config: GenerateParams, provenance: dict[str, Any], root: Path) -> 
             generation[section] = {k: v for k, v in generation[section].items() if k not in keys}
     card = json.loads((root / PREPARED_DIR / "card.json").read_text(encoding="utf-8"))
     settings = {
+        "format_version": FORMAT_VERSION,
         "generate": generation,
         "verifier": {k: provenance[k] for k in ("name", "config_sha256", "tokenizer_sha256", "chat_template_sha256")},
         "prepared": {s: card["files"][f"{s}.parquet"]["content_sha256"] for s in config.splits},
@@ -260,6 +269,7 @@ def _write_metrics(root: Path, out: Path, config: GenerateParams, stats: Counter
     skipped: Counter = Counter()
     finish: Counter = Counter()
     reasoning: Counter = Counter()
+    truncated: Counter = Counter()
     for split in config.splits:
         parts = finished_parts(out / split)
         for index in sorted(parts):
@@ -269,6 +279,8 @@ def _write_metrics(root: Path, out: Path, config: GenerateParams, stats: Counter
                     skipped[record["skip_reason"]] += 1
                     continue
                 totals["ok"] += 1
+                if record["truncated_reason"]:
+                    truncated[record["truncated_reason"]] += 1
                 for turn in record["turns"]:
                     totals["assistant_turns"] += 1
                     totals["prompt_tokens"] += turn["prompt_tokens"]
@@ -280,6 +292,7 @@ def _write_metrics(root: Path, out: Path, config: GenerateParams, stats: Counter
         "backend": config.backend,
         **dict(totals),
         "skipped": dict(sorted(skipped.items())),
+        "truncated_conversations": dict(sorted(truncated.items())),
         "finish_reasons": dict(sorted(finish.items())),
         "turns_with_reasoning": dict(sorted(reasoning.items())),
         "this_run": {

@@ -13,7 +13,8 @@ when or how often the stage was interrupted, and parts from several
 ranks/machines merge by copying them into one directory.
 
 Record: id, source, origin, prompt_hash, status ("ok" | "skipped"),
-skip_reason, messages [{role, content, reasoning?}], turns [{finish_reason,
+skip_reason, truncated_reason (a later turn could not be generated: the
+conversation ends after the last generated turn), messages [{role, content, reasoning?}], turns [{finish_reason,
 prompt_tokens, completion_tokens, reasoning_format}], sampling, verifier,
 backend. `content` is the assistant text exactly as the verifier returned it;
 `reasoning` is what a server-side reasoning parser split off (None otherwise),
@@ -32,6 +33,8 @@ import zstandard
 from eagle3.errors import Eagle3Error
 from eagle3.layout import SYNTHETIC_DIR
 
+# Part of generate's run key: bump when the record format changes, so parts in the old format are remade, not mixed in.
+FORMAT_VERSION = 2
 PART_PATTERN = re.compile(r"^part-(\d{5})\.jsonl\.zst$")
 _LEVEL = 3
 

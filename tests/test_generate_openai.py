@@ -214,3 +214,35 @@ def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path
     assert [r["origin"] for r in flat if r["status"] == "skipped"] == ["long"]  # the server's 400, counted as a skip
     assert all(m["content"] for r in flat if r["status"] == "ok" for m in r["messages"])
     assert len(output_files(root)) == 2 + 5 + 1  # run.json, manifest.json, 5 train parts, 1 held-out part
+
+
+def test_last_turn_mode_and_history_overflow(verifier_project, tmp_path):
+    with FakeServer(lambda body: completion(f"reply #{len(body['messages'])}")) as server:
+        root = project(tmp_path / "last", verifier_project, _params({**_openai(server.url), "turns": "last"}, shipped_rows=120))
+        eagle3(root, "generate")
+        assert len(server.requests) == sum(len(split) for split in prepared(root).values())  # one request per sample
+
+    source = {r["id"]: r for split in prepared(root).values() for r in split}
+    multi = [r for split in records(root).values() for r in split if len(source[r["id"]]["messages"]) == 3]
+    assert multi
+    for record in multi:
+        original = source[record["id"]]["messages"]
+        # Only the final reply is generated; the dataset's earlier answer stays in the history it was conditioned on.
+        assert [m["content"] for m in record["messages"][:3]] == [m["content"] for m in original]
+        assert record["messages"][3]["content"] == "reply #3" and len(record["turns"]) == 1
+
+    def overflow_on_second_turn(body):
+        if len(body["messages"]) > 2 and "times" in body["messages"][0]["content"]:
+            return 400, {"error": {"message": "maximum context length exceeded"}}
+        return completion(f"reply #{len(body['messages'])}")
+
+    # turns: all, where the second turn overflows: the first regenerated turn is kept, the conversation ends there.
+    with FakeServer(overflow_on_second_turn) as server:
+        root_all = project(tmp_path / "all", verifier_project, _params(_openai(server.url), shipped_rows=120))
+        eagle3(root_all, "generate")
+    truncated = [r for split in records(root_all).values() for r in split if r["truncated_reason"]]
+    assert truncated and all("times" in r["messages"][0]["content"] for r in truncated)
+    assert all([m["role"] for m in r["messages"]] == ["user", "assistant"] for r in truncated)
+    assert all(r["status"] == "ok" and len(r["turns"]) == 1 for r in truncated)
+    metrics = json.loads((root_all / "metrics/generate.json").read_text())
+    assert metrics["truncated_conversations"] == {"prompt_too_long": len(truncated)}
