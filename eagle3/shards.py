@@ -1,0 +1,266 @@
+"""Hidden-state shards: many samples per file, compressed, checksummed, random access, no pickle.
+
+File layout (all integers little-endian)::
+
+    prefix   8s magic b"EAGLE3SH" | u16 format version | u16 reserved | u32 header length
+    header   UTF-8 JSON: format, version, verifier, layer_ids, hidden_size, dtype, tokenizer_sha256, codec
+    records  one per sample, back to back, each decodable on its own
+    index    UTF-8 JSON: {"samples": [{id, offset, length, tokens, loss_tokens, xxh3}]}
+    footer   u64 index offset | u64 index length | u64 xxh3 of the index | 8s b"E3SHEND1"
+
+A record is a fixed 32-byte head (u32 tokens, layers, hidden, then the byte
+lengths of its four sections, one u32 reserved) and four zstd frames:
+input ids (int32), loss mask (bit-packed), and the bf16 hidden states split
+into a high-byte plane (sign + 7 exponent bits: compresses ~2.3x) and a
+low-byte plane (mantissa: close to random). Hidden states are stored
+layer-major, [layers, tokens, hidden], in `layer_ids` order.
+
+Every record's xxh3-64 is in the index and is checked on every read, before
+decompression; the index has its own. A shard is written to `<name>.partial`
+and renamed only after its footer is on disk, so a file with the final name is
+always complete: a truncated or damaged one is reported naming the shard (and
+the sample), never silently read.
+"""
+
+import json
+import os
+import struct
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+import zstandard
+
+from eagle3.errors import Eagle3Error
+
+MAGIC, END_MAGIC, VERSION = b"EAGLE3SH", b"E3SHEND1", 1
+SUFFIX = ".e3sh"
+_PREFIX = struct.Struct("<8sHHI")
+_FOOTER = struct.Struct("<QQQ8s")
+_RECORD = struct.Struct("<8I")
+
+
+class ShardError(Eagle3Error):
+    """A shard that cannot be trusted: damaged, truncated, or made for another verifier or layout."""
+
+
+@dataclass(frozen=True)
+class ShardMeta:
+    verifier: str
+    layer_ids: tuple[int, ...]
+    hidden_size: int
+    tokenizer_sha256: str
+    dtype: str = "bfloat16"
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    input_ids: torch.Tensor  # int64 [tokens]
+    loss_mask: torch.Tensor  # bool [tokens]
+    hidden: torch.Tensor  # bfloat16 [layers, tokens, hidden]
+
+
+def encode_sample(input_ids: torch.Tensor, loss_mask: torch.Tensor, hidden: torch.Tensor, level: int) -> bytes:
+    layers, tokens, width = hidden.shape
+    if input_ids.shape != (tokens,) or loss_mask.shape != (tokens,):
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} / loss_mask {tuple(loss_mask.shape)} do not match hidden {tuple(hidden.shape)}")
+    compressor = zstandard.ZstdCompressor(level=level)
+    pairs = hidden.to(torch.bfloat16).contiguous().view(torch.uint16).numpy().view(np.uint8).reshape(-1, 2)
+    sections = [
+        compressor.compress(input_ids.to(torch.int32).numpy().astype("<i4").tobytes()),
+        compressor.compress(np.packbits(loss_mask.numpy().astype(bool)).tobytes()),
+        compressor.compress(np.ascontiguousarray(pairs[:, 1]).tobytes()),
+        compressor.compress(np.ascontiguousarray(pairs[:, 0]).tobytes()),
+    ]
+    return _RECORD.pack(tokens, layers, width, *(len(s) for s in sections), 0) + b"".join(sections)
+
+
+def decode_sample(record: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tokens, layers, width, *lengths, _ = _RECORD.unpack_from(record)
+    decompressor = zstandard.ZstdDecompressor()
+    offset, sections = _RECORD.size, []
+    for length in lengths:
+        sections.append(decompressor.decompress(record[offset : offset + length]))
+        offset += length
+    ids, mask, high, low = sections
+    pairs = np.empty((layers * tokens * width, 2), dtype=np.uint8)
+    pairs[:, 1] = np.frombuffer(high, dtype=np.uint8)
+    pairs[:, 0] = np.frombuffer(low, dtype=np.uint8)
+    hidden = torch.from_numpy(pairs.view(np.uint16).reshape(layers, tokens, width)).view(torch.bfloat16)
+    input_ids = torch.from_numpy(np.frombuffer(ids, dtype="<i4").astype(np.int64))
+    loss_mask = torch.from_numpy(np.unpackbits(np.frombuffer(mask, dtype=np.uint8), count=tokens).astype(bool))
+    return input_ids, loss_mask, hidden
+
+
+class ShardWriter:
+    """Streams samples into one shard. Compression runs on `threads` threads (zstd releases the GIL) with at most
+    2 x threads samples in flight, so memory stays bounded whatever the shard size."""
+
+    def __init__(self, path: Path, meta: ShardMeta, level: int = 3, threads: int = 2):
+        self.path, self.meta, self.level = Path(path), meta, level
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.handle = open(self.partial, "wb")
+        header = json.dumps(
+            {"format": "eagle3-shard", "version": VERSION, **asdict(meta), "codec": {"name": "zstd-byteplanes", "level": level}},
+            sort_keys=True,
+        ).encode()
+        self.handle.write(_PREFIX.pack(MAGIC, VERSION, 0, len(header)) + header)
+        self.pool = ThreadPoolExecutor(max_workers=threads)
+        self.in_flight: deque[tuple[str, int, int, Future]] = deque()
+        self.window = 2 * threads
+        self.index: list[dict[str, Any]] = []
+        self.bytes_raw = 0
+
+    def add(self, sample_id: str, input_ids: torch.Tensor, loss_mask: torch.Tensor, hidden: torch.Tensor) -> None:
+        if hidden.shape[0] != len(self.meta.layer_ids) or hidden.shape[2] != self.meta.hidden_size:
+            raise ValueError(f"hidden {tuple(hidden.shape)} does not match layers {self.meta.layer_ids} x hidden {self.meta.hidden_size}")
+        self.bytes_raw += hidden.numel() * 2
+        future = self.pool.submit(encode_sample, input_ids, loss_mask, hidden, self.level)
+        self.in_flight.append((sample_id, len(input_ids), int(loss_mask.sum()), future))
+        while len(self.in_flight) > self.window:
+            self._drain_one()
+
+    def _drain_one(self) -> None:
+        sample_id, tokens, loss_tokens, future = self.in_flight.popleft()
+        record = future.result()
+        self.index.append({"id": sample_id, "offset": self.handle.tell(), "length": len(record), "tokens": tokens,
+                           "loss_tokens": loss_tokens, "xxh3": xxhash.xxh3_64_intdigest(record)})
+        self.handle.write(record)
+
+    def close(self) -> Path:
+        while self.in_flight:
+            self._drain_one()
+        self.pool.shutdown()
+        index = json.dumps({"samples": self.index}, sort_keys=True).encode()
+        offset = self.handle.tell()
+        self.handle.write(index + _FOOTER.pack(offset, len(index), xxhash.xxh3_64_intdigest(index), END_MAGIC))
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        os.replace(self.partial, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+        self.handle.close()
+        self.partial.unlink(missing_ok=True)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class ShardReader:
+    """O(1) random access to one shard's samples; every read is checksum-verified."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.handle = open(self.path, "rb")
+        except OSError as exc:
+            raise ShardError(f"{self.path}: cannot open shard ({exc.strerror})") from None
+        size = os.fstat(self.handle.fileno()).st_size
+        prefix = self.handle.read(_PREFIX.size)
+        if len(prefix) < _PREFIX.size or prefix[:8] != MAGIC:
+            raise ShardError(f"{self.path}: not an eagle3 shard (bad magic); delete it and rerun `eagle3 extract`")
+        _, version, _, header_length = _PREFIX.unpack(prefix)
+        if version != VERSION:
+            raise ShardError(f"{self.path}: shard format version {version}, this eagle3 reads {VERSION}")
+        if size < _PREFIX.size + header_length + _FOOTER.size:
+            raise self._truncated()
+        try:
+            header = json.loads(self.handle.read(header_length))
+            fields = {key: header[key] for key in ShardMeta.__dataclass_fields__}
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError) as exc:
+            raise ShardError(f"{self.path}: unreadable shard header ({exc}); delete it and rerun `eagle3 extract`") from None
+        self.meta = ShardMeta(**{**fields, "layer_ids": tuple(fields["layer_ids"])})
+        self.handle.seek(size - _FOOTER.size)
+        offset, length, checksum, end = _FOOTER.unpack(self.handle.read(_FOOTER.size))
+        if end != END_MAGIC or offset + length + _FOOTER.size != size:
+            raise self._truncated()
+        self.handle.seek(offset)
+        index = self.handle.read(length)
+        if xxhash.xxh3_64_intdigest(index) != checksum:
+            raise ShardError(f"{self.path}: index checksum mismatch: the shard is damaged; delete it and rerun `eagle3 extract`")
+        self.entries: list[dict[str, Any]] = json.loads(index)["samples"]
+        self.position = {entry["id"]: i for i, entry in enumerate(self.entries)}
+
+    def _truncated(self) -> ShardError:
+        return ShardError(f"{self.path}: truncated or unfinished shard (no valid end marker); delete it and rerun `eagle3 extract`")
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def read(self, position: int) -> Sample:
+        entry = self.entries[position]
+        record = os.pread(self.handle.fileno(), entry["length"], entry["offset"])
+        where = f"{self.path}: sample {position} ({entry['id']})"
+        if len(record) != entry["length"]:
+            raise ShardError(f"{where}: record cut short ({len(record)} of {entry['length']} bytes): the shard is truncated")
+        if xxhash.xxh3_64_intdigest(record) != entry["xxh3"]:
+            raise ShardError(f"{where}: checksum mismatch: the shard is damaged; delete it and rerun `eagle3 extract`")
+        input_ids, loss_mask, hidden = decode_sample(record)
+        return Sample(entry["id"], input_ids, loss_mask, hidden)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def check_meta(path: Path, meta: ShardMeta, expected: dict[str, Any]) -> None:
+    """One error naming every field where a shard disagrees with what the caller (params, verifier) expects."""
+    actual = asdict(meta)
+    wrong = [
+        f"{key} is {actual[key]!r}, expected {value!r}"
+        for key, value in expected.items()
+        if actual[key] != (tuple(value) if isinstance(value, list) else value)
+    ]
+    if wrong:
+        raise ShardError(f"{path}: made for other settings: {'; '.join(wrong)}; rerun `eagle3 extract` for these params")
+
+
+class HiddenStateDataset(torch.utils.data.Dataset):
+    """Every sample of a list of shards, by global position. Files are opened lazily in each DataLoader worker,
+    so workers decompress in parallel without sharing file handles."""
+
+    def __init__(self, paths: list[Path], expected: dict[str, Any] | None = None):
+        self.paths = [Path(p) for p in paths]
+        self.offsets: list[int] = []
+        total = 0
+        for path in self.paths:
+            reader = ShardReader(path)
+            if expected:
+                check_meta(path, reader.meta, expected)
+            self.offsets.append(total)
+            total += len(reader)
+            reader.close()
+        self.total = total
+        self._readers: dict[int, ShardReader] = {}
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self.total
+
+    def _reader(self, shard: int) -> ShardReader:
+        if self._pid != os.getpid():  # a forked worker must not reuse the parent's file handles
+            self._readers, self._pid = {}, os.getpid()
+        if shard not in self._readers:
+            self._readers[shard] = ShardReader(self.paths[shard])
+        return self._readers[shard]
+
+    def __getitem__(self, position: int) -> dict[str, Any]:
+        if not 0 <= position < self.total:
+            raise IndexError(position)
+        shard = int(np.searchsorted(self.offsets, position, side="right")) - 1
+        sample = self._reader(shard).read(position - self.offsets[shard])
+        return {"id": sample.sample_id, "input_ids": sample.input_ids, "loss_mask": sample.loss_mask, "hidden": sample.hidden}
