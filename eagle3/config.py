@@ -97,9 +97,11 @@ def describe_error(error: dict) -> str:
     if kind == "string_pattern_mismatch":
         return f"{_dotted(loc)}: {value!r} does not match the required form {ctx['pattern']}"
     message = error["msg"].removeprefix("Value error, ")
-    if kind.endswith(("_type", "_parsing")):
-        return f"{_dotted(loc)}: {message[0].lower()}{message[1:]}, got {value!r}"
-    return f"{_dotted(loc)}: {message[0].lower()}{message[1:]}"
+    if message[1:2].islower():  # "Input should be" -> "input should be", but keep "URL ..."
+        message = message[0].lower() + message[1:]
+    if kind.endswith(("_type", "_parsing")) or kind.startswith("url_"):
+        return f"{_dotted(loc)}: {message}, got {value!r}"
+    return f"{_dotted(loc)}: {message}"
 
 
 def _dotted(loc: tuple) -> str:

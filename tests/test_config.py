@@ -41,7 +41,7 @@ def _drop(params: dict, dotted: str) -> dict:
 LOCAL_VERIFIER = {"kind": "local", "path": "/models/x", "name": "org/x"}
 
 INVALID = [
-    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare)"),
+    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare, generate)"),
     (
         lambda p: _set(p, "prepare.heldout_row", 3),
         "params.yaml: prepare.heldout_row: unknown key (allowed: sources, max_rows, max_rows_per_source, heldout_rows, seed)",
@@ -96,6 +96,18 @@ INVALID = [
     ),
     (lambda p: _set(p, "prepare.sources", []), "params.yaml: prepare.sources: list should have at least 1 item after validation, not 0"),
     (lambda p: _drop(p, "prepare"), "params.yaml: prepare: required key is missing"),
+    (lambda p: _set(p, "generate.sampling.temperature", -0.5), "params.yaml: generate.sampling.temperature: must be >= 0.0, got -0.5"),
+    (lambda p: _set(p, "generate.sampling.top_p", 1.5), "params.yaml: generate.sampling.top_p: must be <= 1.0, got 1.5"),
+    (lambda p: _set(p, "generate.turns", "first"), "params.yaml: generate.turns: must be one of 'all' or 'last', got 'first'"),
+    (
+        lambda p: _set(p, "generate.backend", "openai"),
+        "params.yaml: generate: backend openai needs an `openai:` block with base_urls and model",
+    ),
+    (
+        lambda p: _set(p, "generate.openai", {"base_urls": ["localhost:8000"], "model": "m"}),
+        "params.yaml: generate.openai.base_urls[0]: URL scheme should be 'http' or 'https', got 'localhost:8000'",
+    ),
+    (lambda p: _set(p, "generate.chunk_size", 0), "params.yaml: generate.chunk_size: must be > 0, got 0"),
     (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
 ]
 
@@ -113,7 +125,7 @@ def test_invalid_params_name_the_key(tmp_path, mutate, message):
     [
         ("verifier: [unclosed\n", ":2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
         ("prepare:\n  seed: 1\n  seed: 2\n", ":3: invalid YAML: duplicate key 'seed'"),
-        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare), got list"),
+        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare, generate), got list"),
     ],
 )
 def test_unparseable_params(tmp_path, text, message):
