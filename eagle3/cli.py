@@ -18,6 +18,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "verifier": ("eagle3.verifier", "fetch/convert the verifier and record its provenance"),
     "prepare": ("eagle3.prepare", "normalise, dedupe and split the open prompt datasets"),
     "generate": ("eagle3.generate", "the verifier regenerates every assistant turn (resumable)"),
+    "extract": ("eagle3.extract", "verifier hidden states -> compressed, checksummed shards (resumable)"),
 }
 
 

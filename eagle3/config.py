@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from eagle3.errors import Eagle3Error
 from eagle3.params.base import Section
+from eagle3.params.extract import ExtractParams
 from eagle3.params.generate import GenerateParams
 from eagle3.params.prepare import PrepareParams
 from eagle3.params.verifier import VerifierParams
@@ -24,6 +25,7 @@ class Params(Section):
     verifier: VerifierParams
     prepare: PrepareParams
     generate: GenerateParams
+    extract: ExtractParams
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -42,3 +42,17 @@ def staged_dir(out: Path) -> Iterator[Path]:
             os.replace(out, old)
         os.replace(staging, out)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def resume_or_reset(out: Path, key: str, settings: dict[str, Any]) -> bool:
+    """Prepare a resumable output directory: keep its finished files if they were made with the same settings
+    (`key`), else empty it. Unfinished writes (*.partial) are always removed. Returns True when work is kept."""
+    run_file = out / "run.json"
+    kept = run_file.is_file() and json.loads(run_file.read_text(encoding="utf-8")).get("key") == key
+    if not kept:
+        if out.exists():
+            shutil.rmtree(out)
+        write_json(run_file, {"key": key, "settings": settings})
+    for partial in out.rglob("*.partial"):
+        partial.unlink()
+    return kept

@@ -20,7 +20,6 @@ once more (or `dvc repro`) finds nothing missing and writes the manifest.
 
 import hashlib
 import json
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -31,7 +30,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from eagle3.errors import Eagle3Error
-from eagle3.files import write_json
+from eagle3.files import resume_or_reset, write_json
 from eagle3.hashing import sha256_file
 from eagle3.layout import METRICS_DIR, PREPARED_DIR, SYNTHETIC_DIR, read_provenance, verifier_dir
 from eagle3.params.generate import GenerateParams
@@ -156,8 +155,8 @@ def run(params, root: Path, options=None) -> None:
     rows = {split: _prepared_rows(root, split) for split in config.splits}
     out = root / SYNTHETIC_DIR
     key, settings = _run_key(config, provenance, root)
-    _discard_stale_parts(out, key, settings)
-    _remove_partial_writes(out)
+    if not resume_or_reset(out, key, settings):
+        step("generate: no finished parts made with these settings; starting fresh")
 
     total_parts = {split: -(-len(split_rows) // config.chunk_size) for split, split_rows in rows.items()}
     todo = [
@@ -233,24 +232,6 @@ def _run_key(config: GenerateParams, provenance: dict[str, Any], root: Path) -> 
         "prepared": {s: card["files"][f"{s}.parquet"]["content_sha256"] for s in config.splits},
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest(), settings
-
-
-def _discard_stale_parts(out: Path, key: str, settings: dict[str, Any]) -> None:
-    run_file = out / "run.json"
-    if run_file.is_file():
-        previous = json.loads(run_file.read_text(encoding="utf-8"))
-        if previous.get("key") == key:
-            return
-        step("generate: settings changed since the existing parts were made; discarding them")
-    if out.exists():
-        shutil.rmtree(out)
-    write_json(run_file, {"key": key, "settings": settings})
-
-
-def _remove_partial_writes(out: Path) -> None:
-    """A run killed mid-write leaves a hidden .partial file; the part itself was never published."""
-    for partial in out.glob("*/.*.partial"):
-        partial.unlink()
 
 
 def _write_manifest(out: Path, splits: list[str]) -> None:

@@ -14,6 +14,7 @@ VERIFIER_DIR = Path("models/verifier")
 PROVENANCE = "provenance.json"
 PREPARED_DIR = Path("data/prepared")
 SYNTHETIC_DIR = Path("data/synthetic")
+HIDDEN_DIR = Path("data/hidden")
 METRICS_DIR = Path("metrics")
 
 

@@ -41,7 +41,7 @@ def _drop(params: dict, dotted: str) -> dict:
 LOCAL_VERIFIER = {"kind": "local", "path": "/models/x", "name": "org/x"}
 
 INVALID = [
-    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare, generate)"),
+    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare, generate, extract)"),
     (
         lambda p: _set(p, "prepare.heldout_row", 3),
         "params.yaml: prepare.heldout_row: unknown key (allowed: sources, max_rows, max_rows_per_source, heldout_rows, seed)",
@@ -108,6 +108,11 @@ INVALID = [
         "params.yaml: generate.openai.base_urls[0]: URL scheme should be 'http' or 'https', got 'localhost:8000'",
     ),
     (lambda p: _set(p, "generate.chunk_size", 0), "params.yaml: generate.chunk_size: must be > 0, got 0"),
+    (
+        lambda p: _set(p, "extract.aux_layer_ids", [2, 2, 27]),
+        "params.yaml: extract.aux_layer_ids: layer ids must be distinct and >= 0, got [2, 2, 27]",
+    ),
+    (lambda p: _set(p, "extract.backend", "vllm"), "params.yaml: extract.backend: must be one of 'hf', got 'vllm'"),
     (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
 ]
 
@@ -125,7 +130,7 @@ def test_invalid_params_name_the_key(tmp_path, mutate, message):
     [
         ("verifier: [unclosed\n", ":2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
         ("prepare:\n  seed: 1\n  seed: 2\n", ":3: invalid YAML: duplicate key 'seed'"),
-        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare, generate), got list"),
+        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare, generate, extract), got list"),
     ],
 )
 def test_unparseable_params(tmp_path, text, message):

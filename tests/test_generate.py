@@ -152,7 +152,8 @@ def test_changed_settings_discard_old_parts_and_execution_settings_do_not(verifi
     root = project(tmp_path, verifier_project, _params(server_params))
     from conftest import write_params
     from eagle3.config import load_params
-    from eagle3.generate import _discard_stale_parts, _run_key
+    from eagle3.files import resume_or_reset
+    from eagle3.generate import _run_key
 
     def key(params: dict) -> str:
         return _run_key(load_params(write_params(root, params)).generate, json.loads(
@@ -160,17 +161,17 @@ def test_changed_settings_discard_old_parts_and_execution_settings_do_not(verifi
 
     base_key, settings = key(_params(server_params))
     out = root / "data/synthetic"
-    _discard_stale_parts(out, base_key, settings)
+    resume_or_reset(out, base_key, settings)
     (out / "train").mkdir()
     (out / "train/part-00000.jsonl.zst").write_bytes(b"x")
 
     faster = _params({**server_params, "openai": {**server_params["openai"], "concurrency": 99, "timeout_s": 5}})
     assert key(faster)[0] == base_key
-    _discard_stale_parts(out, key(faster)[0], settings)
+    resume_or_reset(out, key(faster)[0], settings)
     assert (out / "train/part-00000.jsonl.zst").exists()
 
     hotter_key, hotter = key(_params({**server_params, "sampling": {"temperature": 0.7}}))
     assert hotter_key != base_key
-    _discard_stale_parts(out, hotter_key, hotter)
+    resume_or_reset(out, hotter_key, hotter)
     assert not (out / "train").exists()
     assert json.loads((out / "run.json").read_text())["key"] == hotter_key

@@ -28,19 +28,21 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     root = make_project(tmp_path)
     _run(root, "git", "init", "-q")
 
-    assert _ran(_run(root, "dvc", "repro")) == ["verifier", "prepare", "generate"]
+    assert _ran(_run(root, "dvc", "repro")) == ["verifier", "prepare", "generate", "extract"]
 
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     outs = {out["path"]: out for stage in lock["stages"].values() for out in stage["outs"]}
     assert outs["models/verifier"]["nfiles"] == 7 and outs["data/prepared"]["nfiles"] == 3
     assert outs["data/synthetic"]["nfiles"] == 2 + 5 + 1  # run.json, manifest.json, 5 train parts, 1 held-out part
+    assert outs["data/hidden"]["nfiles"] >= 2 + 2  # run.json, index.json and at least a shard per split
     assert lock["stages"]["prepare"]["params"]["params.yaml"]["prepare"]["heldout_rows"] == 16
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
     assert _ran(_run(root, "dvc", "repro")) == []
     shown = _run(root, "dvc", "metrics", "show")
     assert "metrics/generate.json" in shown and "96" in shown  # 96 samples generated
 
-    # An execution-only setting re-runs generate, which finds every part done and regenerates nothing.
+    # An execution-only setting re-runs generate, which finds every part done and regenerates nothing,
+    # and leaves its output unchanged, so extract does not run at all.
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["generate"]["vllm"]["gpu_memory_utilization"] = 0.25
     write_params(root, params)
@@ -49,10 +51,15 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     relocked = yaml.safe_load((root / "dvc.lock").read_text())
     assert relocked["stages"]["generate"]["outs"][0] == lock["stages"]["generate"]["outs"][0]
 
+    # An extract param re-runs extract only.
+    params["extract"]["max_seq_len"] = 256
+    write_params(root, params)
+    assert _ran(_run(root, "dvc", "repro")) == ["extract"]
+
     # A prepare param re-runs prepare and what depends on it; the verifier's output is untouched.
     params["prepare"]["seed"] = 3
     write_params(root, params)
-    assert _ran(_run(root, "dvc", "repro")) == ["prepare", "generate"]
+    assert _ran(_run(root, "dvc", "repro")) == ["prepare", "generate", "extract"]
 
     # Deleted outputs come back from the DVC cache without re-running anything.
     _run(root, "rm", "-rf", "data/prepared")

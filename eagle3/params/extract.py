@@ -1,0 +1,33 @@
+"""params.yaml `extract:` — which hidden states are captured and how they are stored."""
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, field_validator
+
+from eagle3.params.base import Section
+
+
+class ExtractParams(Section):
+    backend: Literal["hf"] = "hf"
+    # vLLM numbering (id k = HF hidden_states[k], 0 = embeddings); null = the verifier's default (2, N//2, N-3).
+    # The final layer's (normed) output is always captured after these: training's target distribution comes from it.
+    aux_layer_ids: list[int] | None = Field(None, min_length=1)
+    splits: list[Literal["train", "heldout"]] = Field(["train", "heldout"], min_length=1)
+    max_seq_len: PositiveInt = 2048
+    # Sequences are batched up to this many (padded) tokens per forward pass.
+    batch_tokens: PositiveInt = 8192
+    # A shard closes once its raw hidden states reach this size (~1 GB at scale; a shard is the unit of resume).
+    shard_raw_mb: PositiveInt = 1024
+    compression_level: int = Field(1, ge=1, le=19)
+    compression_threads: PositiveInt = 2
+    # Refuse to start unless the output filesystem keeps this much free after the estimated shards.
+    reserve_free_gb: float = Field(1.0, ge=0)
+    # Skip the free-space check entirely (e.g. on filesystems that report no meaningful free space).
+    ignore_disk_check: bool = False
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _non_negative_unique(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and (min(ids) < 0 or len(set(ids)) != len(ids)):
+            raise ValueError(f"layer ids must be distinct and >= 0, got {ids}")
+        return ids

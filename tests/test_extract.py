@@ -1,0 +1,149 @@
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import eagle3, write_params
+from eagle3.layout import read_provenance
+from eagle3.shards import HiddenStateDataset, ShardReader
+from eagle3.synthetic import iter_records
+from fake_openai import FakeServer, completion
+from test_generate import _params, project
+
+pytestmark = pytest.mark.slow
+
+
+def _answer(body):
+    question = body["messages"][-1]["content"]
+    return completion(f"Here is a careful answer about {question[:60]} with a few more words to learn from.")
+
+
+def _extract_params(server_url: str, **extract) -> dict:
+    params = _params({"backend": "openai", "openai": {"base_urls": [server_url], "model": "verifier"}})
+    params["extract"].update(extract)
+    return params
+
+
+@pytest.fixture(scope="module")
+def extracted(verifier_project, tmp_path_factory):
+    root = tmp_path_factory.mktemp("extracted")
+    with FakeServer(_answer) as server:
+        project(root, verifier_project, _extract_params(server.url))
+        eagle3(root, "generate")
+    eagle3(root, "extract")
+    return root
+
+
+def _shards(root, split="train"):
+    return sorted((root / "data/hidden" / split).glob("shard-*.e3sh"))
+
+
+def test_states_match_an_unbatched_forward_and_layers_are_in_vllm_order(extracted):
+    from transformers import AutoModelForCausalLM
+
+    provenance = read_provenance(extracted)
+    reader = ShardReader(_shards(extracted)[1])
+    assert reader.meta.layer_ids == (2, 15, 27, 30)
+    model = AutoModelForCausalLM.from_pretrained(extracted / "models/verifier", dtype=torch.bfloat16).eval()
+    for position in (0, len(reader) - 1):
+        sample = reader.read(position)
+        with torch.no_grad():
+            states = model(sample.input_ids[None], output_hidden_states=True).hidden_states
+        assert len(states) == provenance["num_hidden_layers"] + 1
+        def error(stored, layer):
+            expected = states[layer][0].float()
+            return ((stored.float() - expected).norm() / expected.norm()).item()
+
+        for stored, layer in zip(sample.hidden, reader.meta.layer_ids):
+            # bf16 batched vs unbatched differs by a few percent at most; the neighbouring layer is far off.
+            assert error(stored, layer) < 0.05 and error(stored, layer - 1) > 3 * error(stored, layer), layer
+        # The final layer is the normed output: lm_head over it gives the verifier's own logits.
+        with torch.no_grad():
+            from_stored = model.lm_head(sample.hidden[-1][None]).argmax(-1)
+            direct = model(sample.input_ids[None]).logits.argmax(-1)
+        assert (from_stored == direct).float().mean() > 0.9  # bf16 near-ties aside; an un-normed state gets ~0
+
+
+def test_loss_mask_covers_exactly_the_assistant_turns(extracted):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(extracted / "models/verifier")
+    records = {r["id"]: r for r in iter_records(extracted, "train") if r["status"] == "ok"}
+    dataset = HiddenStateDataset(_shards(extracted))
+    multi_turn = 0
+    for position in range(len(dataset)):
+        item = dataset[position]
+        record = records[item["id"]]
+        masked = tokenizer.decode(item["input_ids"][item["loss_mask"]])
+        expected = "".join(m["content"] + "<|im_end|>" for m in record["messages"] if m["role"] == "assistant")
+        assert masked == expected
+        multi_turn += sum(m["role"] == "assistant" for m in record["messages"]) > 1
+    # Every ok record is there but the long prompt, whose answer lies past max_seq_len (see test_metrics_and_index).
+    assert multi_turn >= 1 and len(dataset) == len(records) - 1
+
+
+def test_metrics_and_index(extracted):
+    metrics = json.loads((extracted / "metrics/extract.json").read_text())
+    shards = _shards(extracted) + _shards(extracted, "heldout")
+    assert metrics["samples"] == 40 and metrics["raw_bytes_per_token"] == 4 * 576 * 2
+    assert metrics["bytes_on_disk"] == sum(p.stat().st_size for p in shards)
+    assert metrics["compression_ratio"] == round(4608 * metrics["tokens"] / metrics["bytes_on_disk"], 3) > 1.3
+    assert metrics["truncated"] == 1 and metrics["skipped"] == {"no_loss_tokens_after_truncation": 1}
+    index = json.loads((extracted / "data/hidden/index.json").read_text())
+    assert sum(s["tokens"] for split in index["splits"].values() for s in split) == metrics["tokens"]
+    assert len(_shards(extracted)) >= 3
+
+
+def test_sigkill_then_rerun_is_byte_identical(extracted, verifier_project, tmp_path):
+    with FakeServer(_answer) as server:
+        root = project(tmp_path, verifier_project, _extract_params(server.url))
+        eagle3(root, "generate")
+    process = subprocess.Popen([sys.executable, "-m", "eagle3.cli", "extract"], cwd=root, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not _shards(root) and time.monotonic() < deadline:
+        assert process.poll() is None
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert 1 <= len(_shards(root)) < len(_shards(extracted))
+    eagle3(root, "extract")
+    assert _files(root) == _files(extracted)
+
+
+def _files(root):
+    base = root / "data/hidden"
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+def test_truncation_is_counted_and_refusals_are_one_line(extracted, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(extracted, root, copy_function=os.link)
+    shutil.rmtree(root / "data/hidden")
+    url = "http://127.0.0.1:9/v1"
+
+    write_params(root, _extract_params(url, reserve_free_gb=1e9))
+    result = eagle3(root, "extract", check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "GB are free; free space, lower extract.reserve_free_gb, or set extract.ignore_disk_check: true")
+    assert not _shards(root)
+
+    write_params(root, _extract_params(url, aux_layer_ids=[2, 15, 40]))
+    result = eagle3(root, "extract", check=False)
+    assert result.stderr.strip().splitlines()[-1] == (
+        "eagle3 extract: error: extract.aux_layer_ids: [2, 15, 40] must be < 30 (the verifier's layer count)")
+
+    write_params(root, _extract_params(url, max_seq_len=40))
+    eagle3(root, "extract")
+    metrics = json.loads((root / "metrics/extract.json").read_text())
+    assert metrics["truncated"] > 0
+    dataset = HiddenStateDataset(_shards(root) + _shards(root, "heldout"))
+    assert max(len(dataset[i]["input_ids"]) for i in range(len(dataset))) == 40
+    assert metrics["samples"] + metrics["skipped"]["no_loss_tokens_after_truncation"] == 41  # 40 prompts + the long one
