@@ -102,7 +102,7 @@ def run(params, root: Path, options=None) -> None:
                 with ShardWriter(out / plan.split / plan.path_name, meta, config.compression_level,
                                  config.compression_threads) as writer:
                     for batch in _batches(plan.sequences, config.batch_tokens):
-                        for sequence, hidden in zip(batch, _forward(model, batch, meta.layer_ids)):
+                        for sequence, hidden in zip(batch, _forward(model, batch, meta.layer_ids), strict=True):
                             writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
                             done_tokens += len(sequence.input_ids)
                             bar.advance(task, len(sequence.input_ids))

@@ -56,11 +56,11 @@ def test_states_match_an_unbatched_forward_and_layers_are_in_vllm_order(extracte
         with torch.no_grad():
             states = model(sample.input_ids[None], output_hidden_states=True).hidden_states
         assert len(states) == provenance["num_hidden_layers"] + 1
-        def error(stored, layer):
+        def error(stored, layer, states=states):
             expected = states[layer][0].float()
             return ((stored.float() - expected).norm() / expected.norm()).item()
 
-        for stored, layer in zip(sample.hidden, reader.meta.layer_ids):
+        for stored, layer in zip(sample.hidden, reader.meta.layer_ids, strict=True):
             # bf16 batched vs unbatched differs by a few percent at most; the neighbouring layer is far off.
             assert error(stored, layer) < 0.05 and error(stored, layer - 1) > 3 * error(stored, layer), layer
         # The final layer is the normed output: lm_head over it gives the verifier's own logits.

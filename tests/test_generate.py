@@ -1,6 +1,5 @@
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess

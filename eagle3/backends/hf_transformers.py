@@ -43,7 +43,7 @@ class TransformersBackend:
             encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
             lengths = encoded["attention_mask"].sum(dim=1).tolist()
             if max(lengths) >= self.max_len:
-                results += [Skip("prompt_too_long") if n >= self.max_len else self.generate([r])[0] for n, r in zip(lengths, group)]
+                results += [Skip("prompt_too_long") if n >= self.max_len else self.generate([r])[0] for n, r in zip(lengths, group, strict=True)]
                 continue
             self.torch.manual_seed(group[0].seed)
             with self.torch.no_grad():
@@ -56,7 +56,7 @@ class TransformersBackend:
                     pad_token_id=self.tokenizer.pad_token_id,
                 )
             width = encoded["input_ids"].shape[1]
-            for row, prompt_tokens in zip(output, lengths):
+            for row, prompt_tokens in zip(output, lengths, strict=True):
                 new = row[width:].tolist()
                 eos = self.tokenizer.eos_token_id
                 stopped = eos in new
