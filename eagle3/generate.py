@@ -159,13 +159,17 @@ def run(params, root: Path, options=None) -> None:
         step("generate: no finished parts made with these settings; starting fresh")
 
     total_parts = {split: -(-len(split_rows) // config.chunk_size) for split, split_rows in rows.items()}
+    finished = {split: finished_parts(out / split) for split in config.splits}
     todo = [
         (split, index)
         for split in config.splits
         for index in range(total_parts[split])
-        if index % world_size == rank and index not in finished_parts(out / split)
+        if index % world_size == rank and index not in finished[split]
     ]
-    done_before = sum(len(finished_parts(out / split)) for split in config.splits)
+    done_before = sum(map(len, finished.values()))
+
+    def part_rows(split: str, index: int) -> list[dict[str, Any]]:
+        return rows[split][index * config.chunk_size : (index + 1) * config.chunk_size]
     common = {"sampling": config.sampling.model_dump(), "verifier": provenance["name"], "backend": config.backend}
     stats = Counter()
     elapsed = 0.0
@@ -176,12 +180,10 @@ def run(params, root: Path, options=None) -> None:
 
         def chunks() -> Iterable[Chunk]:
             for split, index in todo:
-                part_rows = rows[split][index * config.chunk_size : (index + 1) * config.chunk_size]
-                yield Chunk(split, index, [Conversation(row, config.turns, config.sampling.seed) for row in part_rows])
+                yield Chunk(split, index, [Conversation(row, config.turns, config.sampling.seed) for row in part_rows(split, index)])
 
         with progress() as bar:
-            task = bar.add_task("generate", total=sum(
-                len(rows[s][i * config.chunk_size : (i + 1) * config.chunk_size]) for s, i in todo))
+            task = bar.add_task("generate", total=sum(len(part_rows(s, i)) for s, i in todo))
 
             def on_done(chunk: Chunk) -> None:
                 records = [conversation.record(common) for conversation in chunk.conversations]
@@ -195,7 +197,7 @@ def run(params, root: Path, options=None) -> None:
                 backend.process(chunks(), on_done)
             except Eagle3Error as exc:
                 parts = {split: finished_parts(out / split) for split in config.splits}
-                samples = sum(len(rows[s][i * config.chunk_size : (i + 1) * config.chunk_size]) for s in parts for i in parts[s])
+                samples = sum(len(part_rows(s, i)) for s in parts for i in parts[s])
                 raise Eagle3Error(
                     f"{exc}; {sum(map(len, parts.values()))}/{sum(total_parts.values())} parts "
                     f"({samples}/{sum(map(len, rows.values()))} samples) are finished and kept, rerun to continue"
