@@ -19,6 +19,9 @@ STAGES: dict[str, tuple[str, str]] = {
     "prepare": ("eagle3.prepare", "normalise, dedupe and split the open prompt datasets"),
     "generate": ("eagle3.generate", "the verifier regenerates every assistant turn (resumable)"),
     "extract": ("eagle3.extract", "verifier hidden states -> compressed, checksummed shards (resumable)"),
+    "vocab": ("eagle3.vocab", "draft vocabulary (d2t/t2d) from the answers' token frequencies"),
+    "train": ("eagle3.train", "train the EAGLE-3 draft with training-time test (resumable; torchrun for DDP)"),
+    "export": ("eagle3.export", "write the draft in vLLM's EAGLE-3 format and the speculators format"),
 }
 
 
@@ -32,12 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("--rank", type=int, default=0, help="this process's slice of the parts (default 0)")
             stage.add_argument("--world-size", type=int, default=1, help="number of slices run in parallel (default 1)")
     commands.add_parser("check", help="validate the params file and print it fully resolved (defaults filled in)")
+    validate = commands.add_parser("validate-draft", help="check a draft directory against vLLM's EAGLE-3 contract and its verifier")
+    validate.add_argument("draft", type=Path, help="draft directory (config.json + model.safetensors)")
+    validate.add_argument("--verifier", type=Path, required=True, help="the verifier's HF directory")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "validate-draft":
+            from eagle3.validate import validate_draft
+
+            validate_draft(args.draft, args.verifier)
+            print(f"{args.draft}: valid EAGLE-3 draft for {args.verifier}")
+            return 0
         params = load_params(args.params)
         root = args.params.resolve().parent
         if args.command == "check":

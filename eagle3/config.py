@@ -15,10 +15,13 @@ from pydantic import BaseModel, ValidationError
 
 from eagle3.errors import Eagle3Error
 from eagle3.params.base import Section
+from eagle3.params.export import ExportParams
 from eagle3.params.extract import ExtractParams
 from eagle3.params.generate import GenerateParams
 from eagle3.params.prepare import PrepareParams
+from eagle3.params.train import TrainParams
 from eagle3.params.verifier import VerifierParams
+from eagle3.params.vocab import VocabParams
 
 
 class Params(Section):
@@ -26,6 +29,9 @@ class Params(Section):
     prepare: PrepareParams
     generate: GenerateParams
     extract: ExtractParams
+    vocab: VocabParams = VocabParams()
+    train: TrainParams = TrainParams()
+    export: ExportParams = ExportParams()
 
 
 class _StrictLoader(yaml.SafeLoader):

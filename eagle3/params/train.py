@@ -1,0 +1,39 @@
+"""params.yaml `train:` — the EAGLE-3 draft and how it is trained."""
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+
+from eagle3.params.base import Section
+
+
+class TrainParams(Section):
+    # Training-time test: the draft is unrolled on its own outputs this many steps, as vLLM runs it (SpecForge: 7).
+    ttt_steps: PositiveInt = 7
+    # Loss weight of unrolled step i is step_weight**i.
+    step_weight: float = Field(0.8, gt=0, le=1)
+    epochs: PositiveInt = 4
+    # Sequences per optimizer step, summed over all processes (torchrun): the same value trains the same model
+    # whatever the number of processes.
+    batch_size: PositiveInt = 8
+    learning_rate: float = Field(1e-3, gt=0)
+    min_learning_rate: float = Field(1e-4, ge=0)
+    warmup_steps: NonNegativeInt = 50
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    # bf16: autocast (about 2x faster than fp32 on this CPU; weights and optimizer state stay fp32).
+    precision: Literal["bf16", "fp32"] = "bf16"
+    # MLP width of the draft layer; null: the verifier's intermediate_size.
+    intermediate_size: PositiveInt | None = None
+    checkpoint_every: PositiveInt = 100
+    keep_checkpoints: PositiveInt = 2
+    log_every: PositiveInt = 10
+    # DataLoader processes decompressing shards (0: in the training process).
+    num_workers: NonNegativeInt = 1
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _lr_order(self) -> "TrainParams":
+        if self.min_learning_rate > self.learning_rate:
+            raise ValueError(f"min_learning_rate {self.min_learning_rate} must be <= learning_rate {self.learning_rate}")
+        return self
