@@ -22,6 +22,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "vocab": ("eagle3.vocab", "draft vocabulary (d2t/t2d) from the answers' token frequencies"),
     "train": ("eagle3.train", "train the EAGLE-3 draft with training-time test (resumable; torchrun for DDP)"),
     "export": ("eagle3.export", "write the draft in vLLM's EAGLE-3 format and the speculators format"),
+    "lineage": ("eagle3.lineage", "(stage report) license gate, lineage record and model card; --check verifies them"),
 }
 
 
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "generate":
             stage.add_argument("--rank", type=int, default=0, help="this process's slice of the parts (default 0)")
             stage.add_argument("--world-size", type=int, default=1, help="number of slices run in parallel (default 1)")
+        if name == "lineage":
+            stage.add_argument("--check", action="store_true", help="verify the workspace against dvc.lock and reports/lineage.json; write nothing")
     commands.add_parser("check", help="validate the params file and print it fully resolved (defaults filled in)")
     validate = commands.add_parser("validate-draft", help="check a draft directory against vLLM's EAGLE-3 contract and its verifier")
     validate.add_argument("draft", type=Path, help="draft directory (config.json + model.safetensors)")

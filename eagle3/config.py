@@ -19,6 +19,7 @@ from eagle3.params.export import ExportParams
 from eagle3.params.extract import ExtractParams
 from eagle3.params.generate import GenerateParams
 from eagle3.params.prepare import PrepareParams
+from eagle3.params.report import ReportParams
 from eagle3.params.train import TrainParams
 from eagle3.params.verifier import VerifierParams
 from eagle3.params.vocab import VocabParams
@@ -32,6 +33,7 @@ class Params(Section):
     vocab: VocabParams = VocabParams()
     train: TrainParams = TrainParams()
     export: ExportParams = ExportParams()
+    report: ReportParams = ReportParams()
 
 
 class _StrictLoader(yaml.SafeLoader):
