@@ -96,7 +96,8 @@ def render(
     title = config.draft_repo or f"{verifier['name'].split('/')[-1]}-EAGLE3"
     draft = config.draft_repo or DRAFT_DIR.as_posix()
     headline = evaluation["headline"]
-    lossless = [run for run in evaluation["runs"] if run.get("method") == "eagle3" and run.get("lossless_identical") is not None]
+    draft_runs = [run for run in evaluation["runs"] if run.get("method") == "eagle3"]
+    lossless = [run for run in draft_runs if run.get("lossless_identical") is not None]
     aux_ids = draft_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     front = yaml.safe_dump(metadata(lineage, evaluation, title), sort_keys=False, allow_unicode=True)
 
@@ -119,7 +120,8 @@ def render(
         f"| verifier layers it reads (vLLM ids) | {aux_ids} |",
         f"| draft vocabulary | {draft_config.get('draft_vocab_size')} of the verifier's {draft_config.get('vocab_size')} tokens |",
         "",
-        f"Files (md5 as in dvc.lock; `{SPECULATORS_DRAFT_DIR.as_posix()}` holds the same weights in the speculators format):",
+        f"Files (md5 as in dvc.lock; `{SPECULATORS_DRAFT_DIR.as_posix()}`, where present, holds the same weights in the "
+        "speculators format):",
         "",
     ]
     for path, artifact in lineage["artifacts"].items():
@@ -129,7 +131,7 @@ def render(
         "",
         "## Evaluation",
         "",
-        f"Measured inside vLLM on {inputs['rows_out'].get('heldout', 'the')} held-out prompts that training never saw: "
+        f"Measured inside vLLM on {draft_runs[0].get('prompts')} held-out prompts that training never saw: "
         f"**{headline['tokens_per_step_k3_greedy']:.2f} tokens per verifier step** at k=3, greedy, against "
         f"{headline['ngram_tokens_per_step_k3_greedy']:.2f} for vLLM's n-gram speculation on the same prompts.",
         "",
@@ -154,8 +156,9 @@ def render(
     rows = inputs["rows_out"]
     body += [
         "",
-        f"Prompts after validation, deduplication and caps: {rows.get('train')} for training, {rows.get('heldout')} held out. "
-        "The verifier regenerated every answer, so the draft learns the verifier's own distribution.",
+        f"Prompts after validation, deduplication and caps: {rows.get('train')} for training, {rows.get('heldout')} held out."
+        + (" The verifier regenerated every answer (stage generate), so the draft learns the verifier's own distribution."
+           if "generate" in lineage["order"] else ""),
         "",
         f"Pipeline ({' → '.join(lineage['order'])}) at git commit `{lineage['code']['commit'] or 'none'}`. "
         "`reports/lineage.md` lists every artifact's md5, the command, inputs and params that made it; "

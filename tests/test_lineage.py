@@ -1,0 +1,364 @@
+"""`eagle3 lineage` (stage report) in a real git + DVC repository in a temporary directory.
+
+The pipeline there is small but real where it matters: the real `verifier`
+stage referencing a tiny HF directory outside the repository (as the 1T
+verifier is), the real `prepare` stage on a 12-row prompt file, and the real
+report stage. `export` and `evaluate` are stand-ins that write files in the
+formats the real stages write (config.json, metrics/eval.json), so the test
+does not train or run vLLM.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from safetensors.numpy import save_file
+
+from conftest import REPO, eagle3, smoke_params, write_params
+from eagle3 import licenses, model_card
+from eagle3.errors import Eagle3Error
+from eagle3.lineage import require_report_covers
+from eagle3.params.report import LicenseOverride
+
+pytestmark = pytest.mark.slow
+
+VERIFIER_NAME = "moonshotai/Kimi-K2.5"
+SECRET_IN_CONFIG_LOCAL = "AKIAsecretLocalValue42"
+PASSWORD_IN_REMOTE_URL = "hunter2remotePassword"
+
+STAND_INS = '''
+import hashlib, json, sys
+from pathlib import Path
+
+def digest(*paths):
+    return hashlib.sha256(b"".join(sorted(p.read_bytes() for d in paths for p in sorted(Path(d).rglob("*")) if p.is_file()))).hexdigest()
+
+if sys.argv[1] == "export":
+    config = json.loads(Path("fixture/draft_config.json").read_text())
+    config["trained_from"] = digest("models/verifier", "data/prepared")
+    Path("models/draft").mkdir(parents=True, exist_ok=True)
+    Path("models/draft/config.json").write_text(json.dumps(config, indent=2))
+    Path("models/draft/model.safetensors").write_bytes(bytes.fromhex(config["trained_from"]))
+else:
+    Path("metrics").mkdir(exist_ok=True)
+    Path("metrics/eval.json").write_text(Path("fixture/eval.json").read_text())
+'''
+
+DRAFT_CONFIG = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "model_type": "llama",
+    "hidden_size": 16,
+    "vocab_size": 64,
+    "draft_vocab_size": 32,
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True},
+}
+EVAL = {
+    "runs": [
+        {"method": "none", "k": None, "temperature": 0.0, "prompts": 2, "output_tokens": 100, "tokens_per_step": 1.0,
+         "mean_acceptance_length": None, "acceptance_by_position": [], "output_tokens_per_s": 50.0, "lossless_identical": None},
+        {"method": "ngram", "k": 3, "temperature": 0.0, "prompts": 2, "output_tokens": 100, "tokens_per_step": 1.27,
+         "mean_acceptance_length": 1.9, "acceptance_by_position": [0.3, 0.2, 0.1], "output_tokens_per_s": 45.0, "lossless_identical": 2},
+        {"method": "eagle3", "k": 3, "temperature": 0.0, "prompts": 2, "output_tokens": 100, "tokens_per_step": 1.84,
+         "mean_acceptance_length": 2.1, "acceptance_by_position": [0.6, 0.4, 0.2], "output_tokens_per_s": 40.0, "lossless_identical": 2},
+    ],
+    "headline": {"tokens_per_step_k3_greedy": 1.84, "ngram_tokens_per_step_k3_greedy": 1.27},
+}
+DVC_YAML = {
+    "stages": {
+        "verifier": {"cmd": "python -m eagle3.cli verifier", "params": ["verifier"], "outs": ["models/verifier"]},
+        "prepare": {
+            "cmd": "python -m eagle3.cli prepare",
+            "deps": ["prompts/tiny.jsonl"],
+            "params": ["prepare"],
+            "outs": ["data/prepared"],
+        },
+        "export": {
+            "cmd": "python tools/stand_ins.py export",
+            "deps": ["tools/stand_ins.py", "fixture/draft_config.json", "models/verifier", "data/prepared"],
+            "outs": ["models/draft/config.json", "models/draft/model.safetensors"],
+        },
+        "evaluate": {
+            "cmd": "python tools/stand_ins.py evaluate",
+            "deps": ["tools/stand_ins.py", "fixture/eval.json", "models/draft/config.json", "models/draft/model.safetensors"],
+            "metrics": [{"metrics/eval.json": {"cache": False}}],
+        },
+        "report": {
+            "cmd": "python -m eagle3.cli lineage",
+            "deps": ["tools", "fixture", "prompts", "models/verifier", "data/prepared", "models/draft/config.json",
+                     "models/draft/model.safetensors", "metrics/eval.json"],
+            "params": [{"params.yaml": None}],
+            "outs": [{"reports/lineage.json": {"cache": False}}, {"reports/lineage.md": {"cache": False}}, "models/draft/README.md"],
+        },
+    }
+}
+DOWNSTREAM_OF_PROMPTS = {"data/prepared", "models/draft/config.json", "models/draft/model.safetensors", "metrics/eval.json"}
+
+
+def _env() -> dict:
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+
+
+def _run(root: Path, *command: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, env={**_env(), **(env or {})})
+    if check:
+        assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def _tiny_verifier(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16, "num_hidden_layers": 6,
+              "num_attention_heads": 2, "vocab_size": 64, "max_position_embeddings": 128}
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    (directory / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    save_file({"w": np.zeros((2, 2), dtype=np.float32)}, str(directory / "model.safetensors"))
+    return directory
+
+
+def _params(root: Path, verifier_dir: Path, verifier_license: str, dataset_license: str, report: dict | None = None) -> None:
+    params = smoke_params()
+    params["verifier"] = {"source": {"kind": "local", "path": str(verifier_dir), "name": VERIFIER_NAME, "license": verifier_license}}
+    params["prepare"] = {
+        "sources": [{"kind": "local", "name": "tiny", "path": "prompts/tiny.jsonl", "license": dataset_license}],
+        "heldout_rows": 2,
+    }
+    params["report"] = report or {}
+    write_params(root, params)
+
+
+def _project(tmp_path: Path, verifier_license="apache-2.0", dataset_license="apache-2.0", report=None) -> Path:
+    root = tmp_path / "project"
+    (root / "prompts").mkdir(parents=True)
+    rows = [{"messages": [{"role": "user", "content": f"Question number {i}: what is {i} squared?"}]} for i in range(12)]
+    (root / "prompts/tiny.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (root / "tools").mkdir()
+    (root / "tools/stand_ins.py").write_text(STAND_INS)
+    (root / "fixture").mkdir()
+    (root / "fixture/draft_config.json").write_text(json.dumps(DRAFT_CONFIG))
+    (root / "fixture/eval.json").write_text(json.dumps(EVAL))
+    (root / "dvc.yaml").write_text(yaml.safe_dump(DVC_YAML, sort_keys=False))
+    _params(root, _tiny_verifier(tmp_path / "outside" / "Kimi-K2.5"), verifier_license, dataset_license, report)
+    _run(root, "git", "init", "-q")
+    _run(root, "dvc", "init", "-q")
+    _run(root, "git", "add", "-A")
+    _run(root, "git", "commit", "-q", "-m", "fixture")
+    return root
+
+
+def _lineage(root: Path) -> dict:
+    return json.loads((root / "reports/lineage.json").read_text())
+
+
+def _front_matter(card: str) -> dict:
+    match = re.match(r"^---\n(.*?)\n---\n", card, re.S)
+    assert match, "the card must start with YAML front matter"
+    return yaml.safe_load(match.group(1))
+
+
+def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
+    root = _project(tmp_path, verifier_license="modified-mit", report={
+        "license_overrides": [{"license": "modified-mit", "reason": "Kimi's modified MIT allows redistribution; the card names Kimi-K2.5."}],
+        "draft_repo": "example-org/Kimi-K2.5-EAGLE3",
+    })
+    ran = _run(root, "dvc", "repro").stdout
+    assert re.findall(r"Running stage '(\w+)'", ran) == ["verifier", "prepare", "export", "evaluate", "report"]
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    lineage = _lineage(root)
+
+    # Every artifact of every other stage, with the hashes dvc.lock holds, its maker and its upstream.
+    locked_outs = {out["path"]: (name, out) for name, stage in lock.items() if name != "report" for out in stage["outs"]}
+    assert set(lineage["artifacts"]) == set(locked_outs)
+    for path, (stage, out) in locked_outs.items():
+        artifact = lineage["artifacts"][path]
+        assert (artifact["stage"], artifact["md5"], artifact["size"]) == (stage, out["md5"], out["size"])
+    assert lineage["artifacts"]["models/verifier"]["upstream"] == []
+    assert lineage["artifacts"]["metrics/eval.json"]["upstream"] == [
+        "data/prepared", "models/draft/config.json", "models/draft/model.safetensors", "models/verifier"]
+    assert lineage["order"] == ["verifier", "prepare", "export", "evaluate"]
+    assert lineage["sources"]["prompts/tiny.jsonl"]["used_by"] == ["prepare"]
+    assert lineage["stages"]["prepare"]["params"]["params.yaml"]["prepare"]["heldout_rows"] == 2
+    assert lineage["code"]["commit"] == _run(root, "git", "rev-parse", "HEAD").stdout.strip()
+    assert '-->|"data/prepared"|' in lineage["dag_mermaid"]
+    decisions = {d["kind"]: d for d in lineage["licenses"]["decisions"]}
+    assert decisions["verifier"]["class"] == "conditional" and "names Kimi-K2.5" in decisions["verifier"]["override_reason"]
+    assert decisions["dataset"]["class"] == "permissive" and decisions["dataset"]["override_reason"] is None
+    markdown = (root / "reports/lineage.md").read_text()
+    assert "override: Kimi's modified MIT allows redistribution" in markdown
+    assert lock["prepare"]["outs"][0]["md5"] in markdown
+
+    card = (root / "models/draft/README.md").read_text()
+    meta = _front_matter(card)
+    assert (meta["license"], meta["license_name"]) == ("other", "modified-mit")
+    assert meta["base_model"] == VERIFIER_NAME
+    assert meta["training_data"] == [{"name": "tiny", "path": "prompts/tiny.jsonl",
+                                      "sha256": lineage["inputs"]["datasets"][0]["sha256"], "license": "apache-2.0"}]
+    assert set(model_card.TAGS) <= set(meta["tags"]) and meta["pipeline_tag"] == "text-generation"
+    values = [metric["value"] for metric in meta["model-index"][0]["results"][0]["metrics"]]
+    assert values == [1.84, 1.27, 2.1]
+    assert ("vllm serve moonshotai/Kimi-K2.5 --speculative-config "
+            """'{"method": "eagle3", "model": "example-org/Kimi-K2.5-EAGLE3", "num_speculative_tokens": 3}'""") in card
+    assert "| eagle3 | 3 | 0.0 | 2 | 100 | 1.84 | 2.10 | 0.60, 0.40, 0.20 |" in card
+    assert "names Kimi-K2.5" in card and lineage["card"]["sha256"] in (root / "reports/lineage.json").read_text()
+
+    # The verifier's absolute path outside the project is reduced to its name everywhere.
+    for text in (card, markdown, (root / "reports/lineage.json").read_text()):
+        assert str(tmp_path) not in text
+    assert '"path": "<local>/Kimi-K2.5"' in markdown and lineage["inputs"]["verifier"]["source"]["path"] == "<local>/Kimi-K2.5"
+    assert "Data and pipelines are up to date" in _run(root, "dvc", "status").stdout
+    assert eagle3(root, "lineage", "--check").returncode == 0
+
+    # One byte of one input: exactly the artifacts downstream of it get a new lineage.
+    prompts = root / "prompts/tiny.jsonl"
+    prompts.write_bytes(prompts.read_bytes().replace(b"number 7", b"number 8", 1))
+    assert re.findall(r"Running stage '(\w+)'", _run(root, "dvc", "repro").stdout) == ["prepare", "export", "evaluate", "report"]
+    changed = _lineage(root)
+    assert {path for path in lineage["artifacts"] if lineage["artifacts"][path] != changed["artifacts"][path]} == DOWNSTREAM_OF_PROMPTS
+    assert {path for path in lineage["artifacts"]
+            if lineage["artifacts"][path]["lineage_sha256"] != changed["artifacts"][path]["lineage_sha256"]} == DOWNSTREAM_OF_PROMPTS
+    # metrics/eval.json has the same bytes (evaluate copied the same numbers), but it was made from a different draft.
+    assert lineage["artifacts"]["metrics/eval.json"]["md5"] == changed["artifacts"]["metrics/eval.json"]["md5"]
+    assert eagle3(root, "lineage", "--check").returncode == 0
+
+
+def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
+    root = _project(tmp_path)
+    _run(root, "dvc", "repro")
+    card_path = root / "data/prepared/card.json"
+    card_path.write_text(card_path.read_text().replace('"heldout": 2', '"heldout": 3', 1))
+
+    checked = eagle3(root, "lineage", "--check", check=False)
+    assert checked.returncode == 2 and "lineage check: 3 problem(s)" in checked.stderr
+    assert sorted(checked.stdout.splitlines()) == [
+        "dirty: stage export: dep data/prepared modified",
+        "dirty: stage prepare: out data/prepared modified",
+        "dirty: stage report: dep data/prepared modified",
+    ]
+    published = eagle3(root, "lineage", check=False)
+    assert published.returncode == 2
+    assert "workspace does not match dvc.lock, not publishing: " in published.stderr
+    assert "stage prepare: out data/prepared modified" in published.stderr and "stage report" not in published.stderr
+
+    # Restored from the cache, then a rerun of one stage without the report: the lineage is now stale.
+    _run(root, "dvc", "checkout", "-f")
+    assert eagle3(root, "lineage", "--check").returncode == 0
+    (root / "prompts/tiny.jsonl").write_text((root / "prompts/tiny.jsonl").read_text().replace("number 3", "numbr 3"))
+    _run(root, "dvc", "repro", "--single-item", "prepare")
+    problems = eagle3(root, "lineage", "--check", check=False).stdout.splitlines()
+    assert "stale: reports/lineage.json records stage prepare differently from dvc.lock" in problems
+    assert any(line.startswith("dirty: stage export: dep data/prepared modified") for line in problems)
+
+    # A verifier outside the repository is re-hashed: replacing its config in place is caught.
+    _run(root, "dvc", "repro")
+    config = tmp_path / "outside/Kimi-K2.5/config.json"
+    config.write_text(config.read_text().replace('"vocab_size": 64', '"vocab_size": 65'))
+    problems = eagle3(root, "lineage", "--check", check=False).stdout.splitlines()
+    assert [line.split(" is ")[0] for line in problems] == ["modified: verifier config_sha256"]
+
+
+def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path):
+    root = _project(tmp_path, dataset_license="cc-by-nc-4.0")
+    failed = _run(root, "dvc", "repro", check=False)
+    assert failed.returncode != 0
+    assert "license gate: 1 input(s) do not allow publishing derived weights: dataset 'tiny' is cc-by-nc-4.0 (forbidden: non-commercial)" in failed.stderr
+    assert not (root / "reports/lineage.json").exists() and not (root / "models/draft/README.md").exists()
+
+    _params(root, tmp_path / "outside/Kimi-K2.5", verifier_license="other", dataset_license="some-custom-terms")
+    failed = _run(root, "dvc", "repro", check=False)
+    assert failed.returncode != 0
+    assert "2 input(s)" in failed.stderr and "verifier 'moonshotai/Kimi-K2.5' is other (unknown" in failed.stderr
+    assert "dataset 'tiny' is some-custom-terms (unknown" in failed.stderr
+
+    reason = "Written permission from the dataset's authors, 2026-11-02, ticket LEGAL-42."
+    _params(root, tmp_path / "outside/Kimi-K2.5", verifier_license="apache-2.0", dataset_license="cc-by-nc-4.0",
+            report={"license_overrides": [{"license": "cc-by-nc-4.0", "reason": reason}]})
+    _run(root, "dvc", "repro")
+    decision = next(d for d in _lineage(root)["licenses"]["decisions"] if d["kind"] == "dataset")
+    assert (decision["class"], decision["allowed"], decision["override_reason"]) == ("forbidden", True, reason)
+    assert f"override: {reason}" in (root / "reports/lineage.md").read_text()
+    assert f"override: {reason}" in (root / "models/draft/README.md").read_text()
+    assert _front_matter((root / "models/draft/README.md").read_text())["license"] == "apache-2.0"
+
+
+def test_no_secrets_or_local_paths_are_published(tmp_path):
+    root = _project(tmp_path)
+    _run(root, "dvc", "remote", "add", "-d", "storage", f"https://alice:{PASSWORD_IN_REMOTE_URL}@dvc.example.com/store?sig=abc")
+    _run(root, "dvc", "remote", "modify", "--local", "storage", "password", SECRET_IN_CONFIG_LOCAL)
+    _run(root, "dvc", "repro")
+    outputs = [(root / name).read_text() for name in ("reports/lineage.json", "reports/lineage.md", "models/draft/README.md")]
+    assert _lineage(root)["remotes"] == [{"name": "storage", "url": "https://dvc.example.com/store", "default": True}]
+    for text in outputs:
+        for leak in (SECRET_IN_CONFIG_LOCAL, PASSWORD_IN_REMOTE_URL, "alice", str(tmp_path), os.path.expanduser("~") + "/"):
+            assert leak not in text
+
+    # A secret that reaches an output by any other route (here a token pasted into the repo name) stops publication.
+    token = "hf_plantedTokenValue9"
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["report"]["draft_repo"] = f"example-org/{token}"
+    write_params(root, params)
+    leaked = eagle3(root, "lineage", check=False, env={"HF_TOKEN": token})
+    assert leaked.returncode == 2 and "would publish environment variable HF_TOKEN; nothing was written" in leaked.stderr
+    assert token not in leaked.stderr and token not in (root / "reports/lineage.json").read_text()
+
+
+def test_real_dvc_yaml_report_stage_is_last_and_covers_every_stage():
+    definitions = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    require_report_covers(definitions)
+    assert list(definitions)[-1] == "report"
+    report_outs = {next(iter(o)) if isinstance(o, dict) else o for o in definitions["report"]["outs"]}
+    for name, stage in definitions.items():
+        deps = set(stage.get("deps", []))
+        assert not deps & report_outs, f"stage {name} must not read the report's outputs"
+
+    extra = dict(definitions, later={"cmd": "x", "deps": ["data/new-input.jsonl"], "params": [{"other.yaml": ["lr"]}], "outs": ["out/x"]})
+    with pytest.raises(Eagle3Error, match=r"data/new-input.jsonl \(dep of later\), out/x \(out of later\), param lr \(later\)"):
+        require_report_covers(extra)
+
+
+@pytest.mark.parametrize(
+    "license_id, expected",
+    [
+        ("Apache 2.0", "permissive"), ("MIT", "permissive"), ("cc-by-4.0", "permissive"), ("CC0-1.0", "permissive"),
+        ("cc-by-sa-4.0", "conditional"), ("modified-mit", "conditional"), ("llama3.1", "conditional"), ("gemma", "conditional"),
+        ("cc-by-nc-4.0", "forbidden"), ("cc-by-nc-sa-4.0", "forbidden"), ("cc-by-nd-4.0", "forbidden"), ("cc-by-nc-nd-3.0", "forbidden"),
+        ("", "unknown"), (None, "unknown"), ("other", "unknown"), ("my-own-license", "unknown"),
+    ],
+)
+def test_license_classes(license_id, expected):
+    assert licenses.classify(license_id)[0] == expected
+
+
+def test_card_metadata_pins_hub_datasets_by_revision():
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    lineage = {
+        "inputs": {
+            "verifier": {"name": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+            "datasets": [
+                {"name": "blend", "kind": "hf", "dataset": "mlabonne/open-perfectblend", "revision": revision, "license": "apache-2.0"},
+                {"name": "local", "kind": "local", "path": "data/prompts/p.jsonl", "sha256": "ab" * 32, "license": "mit"},
+            ],
+        },
+        "licenses": {"draft": "apache-2.0"},
+    }
+    meta = yaml.safe_load(yaml.safe_dump(model_card.metadata(lineage, EVAL, "x/y")))
+    assert meta["datasets"] == ["mlabonne/open-perfectblend"]
+    assert meta["training_data"][0] == {"name": "blend", "dataset": "mlabonne/open-perfectblend", "revision": revision, "license": "apache-2.0"}
+    assert meta["training_data"][1]["sha256"] == "ab" * 32
+    assert meta["license"] == "apache-2.0" and "license_name" not in meta
+
+
+def test_override_needs_a_sentence():
+    with pytest.raises(ValueError, match="reason"):
+        LicenseOverride(license="cc-by-nc-4.0", reason="approved-by-legal-team-yes")
+    with pytest.raises(ValueError, match="at least 20"):
+        LicenseOverride(license="cc-by-nc-4.0", reason="fine")
