@@ -44,7 +44,7 @@ from typing import Any
 from eagle3 import licenses, model_card
 from eagle3.config import read_yaml
 from eagle3.errors import Eagle3Error
-from eagle3.files import dumps, write_json
+from eagle3.files import dumps
 from eagle3.hashing import sha256_bytes, sha256_file
 from eagle3.layout import DRAFT_DIR, METRICS_DIR, PREPARED_DIR, PROVENANCE, VERIFIER_DIR, read_provenance, verifier_dir
 from eagle3.progress import step

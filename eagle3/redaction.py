@@ -101,7 +101,7 @@ def find_leaks(text: str, root: Path) -> list[str]:
     project's absolute path, the home directory."""
     leaks = [where for where, secret in known_secrets(root).items() if secret in text]
     for label, directory in (("the project's absolute path", str(root.resolve())), ("the home directory", os.path.expanduser("~"))):
-        if directory not in ("", "/") and re.search(re.escape(directory) + r"(?![\w.-])", text):
+        if directory not in ("", "/") and re.search(r"(?<![\w./-])" + re.escape(directory) + r"(?![\w.-])", text):
             leaks.append(label)
     return leaks
 
