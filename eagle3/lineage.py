@@ -167,8 +167,12 @@ def workspace_problems(root: Path, stages: list[str]) -> list[str]:
                 parts.append(change)
                 continue
             for kind, paths in change.items():
-                parts.extend(f"{kind.removeprefix('changed ')[:-1]} {path} {state}" for path, state in paths.items())
-        problems.append(f"stage {stage.split(':')[-1]}: {', '.join(parts)}")
+                # "not in cache": the file matches dvc.lock, only the local cache lacks a copy (e.g. after a clone).
+                parts.extend(
+                    f"{kind.removeprefix('changed ')[:-1]} {path} {state}" for path, state in paths.items() if state != "not in cache"
+                )
+        if parts:
+            problems.append(f"stage {stage.split(':')[-1]}: {', '.join(parts)}")
     return problems
 
 

@@ -11,6 +11,7 @@ does not train or run vLLM.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -251,6 +252,9 @@ def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
 
     # Restored from the cache, then a rerun of one stage without the report: the lineage is now stale.
     _run(root, "dvc", "checkout", "-f")
+    assert eagle3(root, "lineage", "--check").returncode == 0
+    # A fresh clone has the files but not the local cache: that is not a dirty workspace.
+    shutil.rmtree(root / ".dvc/cache")
     assert eagle3(root, "lineage", "--check").returncode == 0
     (root / "prompts/tiny.jsonl").write_text((root / "prompts/tiny.jsonl").read_text().replace("number 3", "numbr 3"))
     _run(root, "dvc", "repro", "--single-item", "prepare")
