@@ -3,7 +3,10 @@
 Captured per token: the aux layers (vLLM ids, default (2, N//2, N-3)) and the
 final layer's normed output (HF hidden_states[N]); the trainer gets the
 verifier's next-token distribution as lm_head(final), so no logits are stored.
-Token ids and loss mask come from eagle3/token_layout.py.
+Token ids and loss mask come from eagle3/token_layout.py. Backends: `hf`
+(transformers forward, padded batches) and `vllm` (vLLM's
+extract_hidden_states method, eagle3/vllm_hidden_states.py); both store the
+same tensors within bf16 tolerance, in the same plan.
 
 Shards (eagle3/shards.py) are planned before any forward pass: sequences in
 prepared order, a new shard whenever the raw hidden states reach
@@ -37,7 +40,9 @@ from eagle3.token_layout import Sequence, layout
 METRICS = METRICS_DIR / "extract.json"
 # Planning figure for the free-space check: what the shard codec achieved on real states (1.48x), rounded down.
 EXPECTED_RATIO = 1.4
-_EXECUTION_ONLY = {"compression_threads", "reserve_free_gb", "ignore_disk_check"}
+_EXECUTION_ONLY = {"compression_threads", "reserve_free_gb", "ignore_disk_check", "vllm"}
+# Where the vllm backend's connector leaves each request's states until they are in a shard.
+SPOOL = ".vllm-spool"
 
 
 @dataclass
@@ -78,7 +83,7 @@ def run(params, root: Path, options=None) -> None:
     if not resume_or_reset(out, key, settings):
         step("extract: no finished shards made with these settings; starting fresh")
 
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
     trust = provenance.get("trust_remote_code", False)
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir(root), trust_remote_code=trust)
@@ -90,22 +95,27 @@ def run(params, root: Path, options=None) -> None:
     _check_disk(out, todo, meta, config)
 
     started, done_tokens = time.monotonic(), 0
+    spool = out / SPOOL
+    shutil.rmtree(spool, ignore_errors=True)  # left by a killed vllm run; never part of the output
     if todo:
-        step(f"extract: {len(todo)} of {len(plans)} shards to write, layers {list(meta.layer_ids)}")
-        # The base model without lm_head: the vocabulary projection would cost ~3/4 of the time for logits nobody uses.
-        model = AutoModel.from_pretrained(verifier_dir(root), dtype=torch.bfloat16, trust_remote_code=trust).eval()
+        step(f"extract: {len(todo)} of {len(plans)} shards to write, layers {list(meta.layer_ids)}, backend {config.backend}")
+        backend = _backend(root, provenance, config, meta, spool)
         started = time.monotonic()
-        with progress() as bar:
-            task = bar.add_task("extract (tokens)", total=sum(len(s.input_ids) for p in todo for s in p.sequences))
-            for plan in todo:
-                (out / plan.split).mkdir(parents=True, exist_ok=True)
-                with ShardWriter(out / plan.split / plan.path_name, meta, config.compression_level,
-                                 config.compression_threads) as writer:
-                    for batch in _batches(plan.sequences, config.batch_tokens):
-                        for sequence, hidden in zip(batch, _forward(model, batch, meta.layer_ids), strict=True):
-                            writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
-                            done_tokens += len(sequence.input_ids)
-                            bar.advance(task, len(sequence.input_ids))
+        try:
+            with progress() as bar:
+                task = bar.add_task("extract (tokens)", total=sum(len(s.input_ids) for p in todo for s in p.sequences))
+                for plan in todo:
+                    (out / plan.split).mkdir(parents=True, exist_ok=True)
+                    with ShardWriter(out / plan.split / plan.path_name, meta, config.compression_level,
+                                     config.compression_threads) as writer:
+                        for batch in _batches(plan.sequences, config.batch_tokens):
+                            for sequence, hidden in zip(batch, backend.forward(batch), strict=True):
+                                writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
+                                done_tokens += len(sequence.input_ids)
+                                bar.advance(task, len(sequence.input_ids))
+        finally:
+            backend.close()
+            shutil.rmtree(spool, ignore_errors=True)
     elapsed = time.monotonic() - started
     _write_index_and_metrics(root, out, plans, meta, counts, done_tokens, elapsed)
 
@@ -171,18 +181,45 @@ def _batches(sequences: list[Sequence], batch_tokens: int) -> list[list[Sequence
     return batches
 
 
-@torch.no_grad()
-def _forward(model: Any, batch: list[Sequence], layers: tuple[int, ...]) -> list[torch.Tensor]:
-    """One padded forward pass; returns each sequence's [layers, tokens, hidden] bf16 states, padding removed."""
-    longest = max(len(s.input_ids) for s in batch)
-    input_ids = torch.zeros(len(batch), longest, dtype=torch.int64)
-    attention = torch.zeros(len(batch), longest, dtype=torch.int64)
-    for row, sequence in enumerate(batch):
-        input_ids[row, : len(sequence.input_ids)] = sequence.input_ids
-        attention[row, : len(sequence.input_ids)] = 1
-    states = model(input_ids=input_ids, attention_mask=attention, output_hidden_states=True).hidden_states
-    stacked = torch.stack([states[k] for k in layers], dim=1).to(torch.bfloat16)  # [batch, layers, tokens, hidden]
-    return [stacked[row, :, : len(s.input_ids)].contiguous() for row, s in enumerate(batch)]
+def _backend(root: Path, provenance: dict[str, Any], config: ExtractParams, meta: ShardMeta, spool: Path) -> Any:
+    if config.backend == "vllm":
+        from eagle3.vllm_hidden_states import VllmHiddenStates
+
+        return VllmHiddenStates(verifier_dir(root), provenance, meta.layer_ids, config.max_seq_len, config.vllm, spool)
+    return HfHiddenStates(verifier_dir(root), provenance.get("trust_remote_code", False), meta.layer_ids)
+
+
+class HfHiddenStates:
+    def __init__(self, model_dir: Path, trust_remote_code: bool, layers: tuple[int, ...]):
+        from transformers import AutoModel
+
+        # The base model without lm_head: the vocabulary projection would cost ~3/4 of the time for logits nobody uses.
+        self.model = AutoModel.from_pretrained(model_dir, dtype=torch.bfloat16, trust_remote_code=trust_remote_code).eval()
+        self.layers = layers
+
+    @torch.no_grad()
+    def forward(self, batch: list[Sequence]) -> list[torch.Tensor]:
+        """One padded forward pass; returns each sequence's [layers, tokens, hidden] bf16 states, padding removed."""
+        longest = max(len(s.input_ids) for s in batch)
+        input_ids = torch.zeros(len(batch), longest, dtype=torch.int64)
+        attention = torch.zeros(len(batch), longest, dtype=torch.int64)
+        for row, sequence in enumerate(batch):
+            input_ids[row, : len(sequence.input_ids)] = sequence.input_ids
+            attention[row, : len(sequence.input_ids)] = 1
+        states = self.model(input_ids=input_ids, attention_mask=attention, output_hidden_states=True).hidden_states
+        stacked = torch.stack([states[k] for k in self.layers], dim=1).to(torch.bfloat16)  # [batch, layers, tokens, hidden]
+        return [stacked[row, :, : len(s.input_ids)].contiguous() for row, s in enumerate(batch)]
+
+    def close(self) -> None:
+        del self.model
+
+
+def _previous_run(path: Path) -> dict[str, Any] | None:
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8")).get("this_run")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return previous if isinstance(previous, dict) and previous.get("tokens") else None
 
 
 def _write_index_and_metrics(root: Path, out: Path, plans: list[ShardPlan], meta: ShardMeta, counts: Counter,
@@ -215,6 +252,10 @@ def _write_index_and_metrics(root: Path, out: Path, plans: list[ShardPlan], meta
         "this_run": {"tokens": done_tokens, "seconds": round(elapsed, 2),
                      "tokens_per_s": round(done_tokens / elapsed, 1) if done_tokens and elapsed > 0 else None},
     }
+    if not done_tokens:
+        # A rerun that found every shard finished measured nothing: keep the throughput of the run that did the work.
+        metrics["this_run"] = _previous_run(root / METRICS) or metrics["this_run"]
     write_json(root / METRICS, metrics)
     step(f"extracted {metrics['samples']} sequences, {metrics['tokens']} tokens: {metrics['bytes_on_disk'] / 2**20:.1f} MiB "
-         f"({metrics['compression_ratio']}x smaller than raw); this run {metrics['this_run']['tokens_per_s']} tok/s")
+         f"({metrics['compression_ratio']}x smaller than raw); "
+         + (f"this run {done_tokens / elapsed:.0f} tok/s" if done_tokens else "every shard was already finished"))

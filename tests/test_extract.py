@@ -147,3 +147,69 @@ def test_truncation_is_counted_and_refusals_are_one_line(extracted, tmp_path):
     dataset = HiddenStateDataset(_shards(root) + _shards(root, "heldout"))
     assert max(len(dataset[i]["input_ids"]) for i in range(len(dataset))) == 40
     assert metrics["samples"] + metrics["skipped"]["no_loss_tokens_after_truncation"] == 41  # 40 prompts + the long one
+
+
+# extract.backend vllm: vLLM's extract_hidden_states method through eagle3/vllm_hidden_states.py, on CPU.
+VLLM_CPU = {"gpu_memory_utilization": 0.3, "cpu_kvcache_space_gib": 1, "enforce_eager": True}
+
+
+@pytest.fixture(scope="module")
+def vllm_extracted(extracted, tmp_path_factory):
+    """The `extracted` project (same synthetic data) re-extracted with the vllm backend."""
+    root = tmp_path_factory.mktemp("vllm-extracted") / "project"
+    shutil.copytree(extracted, root, copy_function=os.link)
+    shutil.rmtree(root / "data/hidden")
+    (root / "metrics/extract.json").unlink()
+    write_params(root, _extract_params("http://127.0.0.1:9/v1", backend="vllm", vllm=VLLM_CPU))
+    eagle3(root, "extract")
+    return root
+
+
+def _relative_error(actual, expected):
+    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+def test_vllm_backend_matches_hf_within_bf16_tolerance(extracted, vllm_extracted):
+    from transformers import AutoModelForCausalLM
+
+    lm_head = AutoModelForCausalLM.from_pretrained(extracted / "models/verifier", dtype=torch.bfloat16).lm_head
+    for split in ("train", "heldout"):
+        hf_shards, vllm_shards = _shards(extracted, split), _shards(vllm_extracted, split)
+        assert [p.name for p in vllm_shards] == [p.name for p in hf_shards]  # same plan, so resume works alike
+        hf, vllm = HiddenStateDataset(hf_shards), HiddenStateDataset(vllm_shards)
+        assert len(vllm) == len(hf) > 0
+        for position in range(len(hf)):
+            a, b = hf[position], vllm[position]
+            assert b["id"] == a["id"]
+            assert torch.equal(b["input_ids"], a["input_ids"]) and torch.equal(b["loss_mask"], a["loss_mask"])
+            assert b["hidden"].shape == a["hidden"].shape and b["hidden"].dtype == torch.bfloat16
+            errors = [_relative_error(b["hidden"][k], a["hidden"][k]) for k in range(4)]
+            # Measured on 64 real conversations: aux layers <= 0.8%, final normed layer <= 3.0% (bf16 kernels that
+            # differ in fusion and summation order, 30 layers deep). Swapped layers or a missing final norm are >= 15%.
+            assert max(errors[:3]) < 0.02 and errors[3] < 0.05, (a["id"], errors)
+            assert _relative_error(b["hidden"][1], a["hidden"][2]) > 0.1
+            with torch.no_grad():
+                agreement = (lm_head(b["hidden"][-1]).argmax(-1) == lm_head(a["hidden"][-1]).argmax(-1)).float().mean()
+            assert agreement > 0.9, (a["id"], agreement)
+    hf_metrics = json.loads((extracted / "metrics/extract.json").read_text())
+    vllm_metrics = json.loads((vllm_extracted / "metrics/extract.json").read_text())
+    for key in ("samples", "tokens", "loss_tokens", "truncated", "skipped"):
+        assert vllm_metrics[key] == hf_metrics[key], key
+    assert vllm_metrics["this_run"]["tokens"] == vllm_metrics["tokens"] > 0
+    assert not (vllm_extracted / "data/hidden/.vllm-spool").exists()
+
+
+def test_vllm_backend_resumes_byte_identical_and_a_rerun_keeps_the_last_measurement(vllm_extracted, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(vllm_extracted, root, copy_function=shutil.copy2)
+    redo = _shards(root)[1]
+    redo.unlink()
+    (root / "data/hidden/.vllm-spool").mkdir()  # what a run killed mid-batch leaves behind
+    (root / "data/hidden/.vllm-spool/0.safetensors").write_bytes(b"half a file")
+    eagle3(root, "extract")
+    assert _files(root) == _files(vllm_extracted)
+    metrics = json.loads((root / "metrics/extract.json").read_text())
+    assert metrics["this_run"]["tokens"] == sum(e["tokens"] for e in ShardReader(redo).entries) > 0
+
+    eagle3(root, "extract")  # nothing left to do: the measurement of the run that did work stays
+    assert json.loads((root / "metrics/extract.json").read_text()) == metrics

@@ -7,8 +7,23 @@ from pydantic import Field, PositiveInt, field_validator
 from eagle3.params.base import Section
 
 
+class VllmExtractEngine(Section):
+    """Offline `vllm.LLM` engine for extract.backend `vllm` (execution only: changing it resumes, not restarts).
+    The context length is max_seq_len + 1 and prefix caching is off, so every token's states are computed."""
+
+    tensor_parallel_size: PositiveInt = 1
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    # vLLM's CPU build sizes its KV cache (hidden-state slots included) from VLLM_CPU_KVCACHE_SPACE (GiB).
+    cpu_kvcache_space_gib: PositiveInt = 2
+    # Skips torch.compile: on CPU it cuts engine start from minutes to ~25 s.
+    enforce_eager: bool = False
+
+
 class ExtractParams(Section):
-    backend: Literal["hf"] = "hf"
+    # hf: transformers forward (one process, CPU or one GPU). vllm: vLLM's extract_hidden_states method through
+    # eagle3/vllm_hidden_states.py (tensor parallelism, for verifiers too big for one device). Same tensors.
+    backend: Literal["hf", "vllm"] = "hf"
+    vllm: VllmExtractEngine = VllmExtractEngine()
     # vLLM numbering (id k = HF hidden_states[k], 0 = embeddings); null = the verifier's default (2, N//2, N-3).
     # The final layer's (normed) output is always captured after these: training's target distribution comes from it.
     aux_layer_ids: list[int] | None = Field(None, min_length=1)
