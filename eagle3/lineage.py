@@ -66,6 +66,12 @@ _VERIFIER_IDENTITY = (
 )
 
 
+# What the lineage keeps of each input in data/prepared/card.json (drop counts and examples stay in the card).
+_DATASET_FIELDS = (
+    "name", "kind", "license", "path", "sha256", "dataset", "revision", "config", "split", "fingerprint", "rows_read", "rows_valid",
+)
+
+
 def run(params, root: Path, options=None) -> None:
     if getattr(options, "check", False):
         check(root)
@@ -291,8 +297,7 @@ def external_inputs(root: Path, sub_source_licenses: dict[str, str]) -> dict[str
     provenance = read_provenance(root)
     card = _read_json(root / PREPARED_DIR / "card.json", "run `dvc repro prepare` first")
     datasets = [
-        {key: item.get(key) for key in ("name", "kind", "license", "path", "sha256", "dataset", "revision", "config", "split", "fingerprint", "rows_read", "rows_valid") if item.get(key) is not None}
-        for item in card.get("inputs", [])
+        {key: item[key] for key in _DATASET_FIELDS if item.get(key) is not None} for item in card.get("inputs", [])
     ]
     # A sub-source named like its input is the whole input, not a part of it.
     present = {name: counts for name, counts in card.get("by_source", {}).items() if name not in {d["name"] for d in datasets}}
@@ -510,7 +515,8 @@ def render_markdown(lineage: dict[str, Any]) -> str:
     for item in inputs["datasets"]:
         where = f"{item['dataset']}@{item.get('revision')}" if item.get("kind") == "hf" else item.get("path", "")
         digest = item.get("sha256") or item.get("fingerprint", "")
-        out.append(f"| `{item['name']}` | `{where}` | {item.get('license')} | `{digest}` | {item.get('rows_read', '')} | {item.get('rows_valid', '')} |")
+        counts = f"{item.get('rows_read', '')} | {item.get('rows_valid', '')}"
+        out.append(f"| `{item['name']}` | `{where}` | {item.get('license')} | `{digest}` | {counts} |")
     out += ["", "## Pipeline", "", "```mermaid", lineage["dag_mermaid"], "```", "", "## Artifacts", ""]
     out += ["| path | made by | md5 | size | files | lineage sha256 |", "|---|---|---|---|---|---|"]
     for path, artifact in lineage["artifacts"].items():

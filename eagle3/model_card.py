@@ -32,19 +32,26 @@ def _greedy_run(evaluation: dict[str, Any], method: str, k: int) -> dict[str, An
     )
 
 
+def _metric(kind: str, name: str, value: float) -> dict[str, Any]:
+    return {"type": kind, "name": name, "value": value}
+
+
 def metadata(lineage: dict[str, Any], evaluation: dict[str, Any], title: str) -> dict[str, Any]:
     verifier, datasets = lineage["inputs"]["verifier"], lineage["inputs"]["datasets"]
     headline = evaluation["headline"]
     metrics = [
-        {"type": "tokens_per_step", "name": "tokens per verifier step (EAGLE-3, k=3, greedy)", "value": headline["tokens_per_step_k3_greedy"]},
-        {"type": "tokens_per_step", "name": "tokens per verifier step (vLLM n-gram baseline, k=3, greedy)", "value": headline["ngram_tokens_per_step_k3_greedy"]},
+        _metric("tokens_per_step", "tokens per verifier step (EAGLE-3, k=3, greedy)", headline["tokens_per_step_k3_greedy"]),
+        _metric("tokens_per_step", "tokens per verifier step (vLLM n-gram baseline, k=3, greedy)", headline["ngram_tokens_per_step_k3_greedy"]),
     ]
     draft_k3 = _greedy_run(evaluation, "eagle3", 3)
     if draft_k3 and draft_k3.get("mean_acceptance_length") is not None:
-        metrics.append({"type": "mean_acceptance_length", "name": "vLLM mean acceptance length (k=3, greedy)", "value": draft_k3["mean_acceptance_length"]})
+        metrics.append(_metric("mean_acceptance_length", "vLLM mean acceptance length (k=3, greedy)", draft_k3["mean_acceptance_length"]))
     training_data = []
     for item in datasets:
-        pinned = {"dataset": item.get("dataset"), "revision": item.get("revision")} if item.get("kind") == "hf" else {"path": item.get("path"), "sha256": item.get("sha256")}
+        if item.get("kind") == "hf":
+            pinned = {"dataset": item.get("dataset"), "revision": item.get("revision")}
+        else:
+            pinned = {"path": item.get("path"), "sha256": item.get("sha256")}
         training_data.append({"name": item["name"], **pinned, "license": item.get("license")})
     return {
         **licenses.hub_license_fields(lineage["licenses"]["draft"]),
@@ -75,7 +82,8 @@ def _number(value: Any, digits: int = 2) -> str:
 
 def _evaluation_table(evaluation: dict[str, Any]) -> list[str]:
     rows = [
-        "| method | k | temperature | prompts | output tokens | tokens per verifier step | mean acceptance length | acceptance by position | output tokens/s | greedy output identical |",
+        "| method | k | temperature | prompts | output tokens | tokens per verifier step | mean acceptance length "
+        "| acceptance by position | output tokens/s | greedy output identical |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in evaluation["runs"]:
@@ -145,7 +153,8 @@ def render(
         identical = sum(run["lossless_identical"] for run in lossless)
         total = sum(run.get("prompts") or 0 for run in lossless)
         body += ["", f"Greedy output with the draft was identical to greedy output without it for {identical} of {total} completions."]
-    body += ["", "## Training data and provenance", "", f"Verifier: `{verifier['name']}` ({verifier.get('license')}); " + _verifier_source(verifier), ""]
+    body += ["", "## Training data and provenance", ""]
+    body += [f"Verifier: `{verifier['name']}` ({verifier.get('license')}); " + _verifier_source(verifier), ""]
     body += ["| dataset | source | license | pinned by | rows read |", "|---|---|---|---|---|"]
     for item in inputs["datasets"]:
         if item.get("kind") == "hf":
