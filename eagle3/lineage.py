@@ -306,7 +306,7 @@ def external_inputs(root: Path, sub_source_licenses: dict[str, str]) -> dict[str
         for name, counts in sorted(present.items())
     ]
     return {
-        "verifier": {key: value for key, value in provenance.items() if key != "source"} | {"source": provenance.get("source", {})},
+        "verifier": provenance,
         "datasets": datasets,
         "sub_sources": sub_sources,
         "unused_sub_source_licenses": sorted(set(sub_source_licenses) - set(present)),

@@ -141,7 +141,9 @@ def _params(root: Path, verifier_dir: Path, verifier_license: str, dataset_licen
 def _project(tmp_path: Path, verifier_license="apache-2.0", dataset_license="apache-2.0", report=None) -> Path:
     root = tmp_path / "project"
     (root / "prompts").mkdir(parents=True)
-    rows = [{"messages": [{"role": "user", "content": f"Question number {i}: what is {i} squared?"}]} for i in range(12)]
+    rows = [{"messages": [{"role": "user", "content": f"Question number {i}: what is {i} squared?"}], "source": "tiny/math"}
+            for i in range(6)]
+    rows += [{"messages": [{"role": "user", "content": f"Question number {i}: what is {i} squared?"}]} for i in range(6, 12)]
     (root / "prompts/tiny.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (root / "tools").mkdir()
     (root / "tools/stand_ins.py").write_text(STAND_INS)
@@ -292,6 +294,14 @@ def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path)
     assert f"override: {reason}" in (root / "reports/lineage.md").read_text()
     assert f"override: {reason}" in (root / "models/draft/README.md").read_text()
     assert _front_matter((root / "models/draft/README.md").read_text())["license"] == "apache-2.0"
+
+    # A sub-source with a known license is gated too; only the report reruns.
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["report"]["sub_source_licenses"] = {"tiny/math": "cc-by-nc-nd-4.0"}
+    write_params(root, params)
+    failed = _run(root, "dvc", "repro", check=False)
+    assert re.findall(r"Running stage '(\w+)'", failed.stdout) == ["report"]
+    assert "sub-source 'tiny/math' is cc-by-nc-nd-4.0 (forbidden: non-commercial and no derivatives)" in failed.stderr
 
 
 def test_no_secrets_or_local_paths_are_published(tmp_path):
