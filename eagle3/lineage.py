@@ -159,7 +159,8 @@ def workspace_problems(root: Path, stages: list[str]) -> list[str]:
     """What `dvc status` finds out of date among `stages`, one line per stage."""
     if not stages:
         return []
-    command = [sys.executable, "-m", "dvc", "status", "--json", *stages]
+    # dvc.yaml:<name> so that a stage named like a file or directory is never taken for a path.
+    command = [sys.executable, "-m", "dvc", "status", "--json", *(f"dvc.yaml:{name}" for name in stages)]
     result = subprocess.run(command, cwd=root, capture_output=True, text=True)
     if result.returncode != 0:
         lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
