@@ -23,9 +23,9 @@ from safetensors.numpy import save_file
 
 from conftest import REPO, eagle3, smoke_params, write_params
 from eagle3 import licenses, model_card
+from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
 from eagle3.lineage import require_report_covers
-from eagle3.params.report import LicenseOverride
 
 pytestmark = pytest.mark.slow
 
@@ -371,8 +371,21 @@ def test_card_metadata_pins_hub_datasets_by_revision():
     assert meta["license"] == "apache-2.0" and "license_name" not in meta
 
 
-def test_override_needs_a_sentence():
-    with pytest.raises(ValueError, match="reason"):
-        LicenseOverride(license="cc-by-nc-4.0", reason="approved-by-legal-team-yes")
-    with pytest.raises(ValueError, match="at least 20"):
-        LicenseOverride(license="cc-by-nc-4.0", reason="fine")
+@pytest.mark.parametrize(
+    "report, message",
+    [
+        ({"license_overrides": [{"license": "cc-by-nc-4.0", "reason": "fine"}]},
+         "report.license_overrides[0].reason: string should have at least 20 characters"),
+        ({"license_overrides": [{"license": "cc-by-nc-4.0", "reason": "approved-by-legal-team-yes"}]},
+         "report.license_overrides[0].reason: reason must say in a sentence why publishing is allowed"),
+        ({"license_overrides": [{"license": "gemma", "reason": "We signed the Gemma terms, see LEGAL-7."},
+                                {"license": "Gemma", "reason": "We signed the Gemma terms, see LEGAL-8."}]},
+         "report.license_overrides: each license may be overridden once, repeated: gemma"),
+        ({"licence": "mit"}, "report.licence: unknown key"),
+    ],
+)
+def test_report_params_errors_name_the_key(tmp_path, report, message):
+    params = smoke_params()
+    params["report"] = report
+    with pytest.raises(Eagle3Error, match=re.escape(message)):
+        load_params(write_params(tmp_path, params))
