@@ -93,16 +93,20 @@ def run(params, root: Path, options=None) -> None:
     draft = Eagle3Draft(draft_config)
     draft.load_state_dict(load_file(str(checkpoint / "model.safetensors")))
     d2t, t2d = load_vocab(root)
-    tensors = {**draft.export_state(DTYPES[config.dtype]), "d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}
-
-    _write(root / DRAFT_DIR, vllm_config(draft_config, config.dtype), tensors)
-    renamed = {name.replace("midlayer.", "layers.0.", 1): tensor for name, tensor in tensors.items()}
-    _write(root / SPECULATORS_DRAFT_DIR,
-           speculators_config(draft_config, config.dtype, provenance, config.num_speculative_tokens), renamed)
+    write_drafts(draft, d2t, t2d, config, provenance, root / DRAFT_DIR, root / SPECULATORS_DRAFT_DIR)
     for directory in (root / DRAFT_DIR, root / SPECULATORS_DRAFT_DIR):
         validate_draft(directory, verifier_dir(root))
     step(f"export: {checkpoint.name} -> {DRAFT_DIR} (vLLM EAGLE-3) and {SPECULATORS_DRAFT_DIR} (speculators); "
          f"aux layers {list(draft_config.aux_layer_ids)}, draft vocab {draft_config.draft_vocab_size}")
+
+
+def write_drafts(draft: Eagle3Draft, d2t: torch.Tensor, t2d: torch.Tensor, config: ExportParams,
+                 provenance: dict[str, Any], vllm_dir: Path, speculators_dir: Path) -> None:
+    tensors = {**draft.export_state(DTYPES[config.dtype]), "d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}
+    _write(vllm_dir, vllm_config(draft.config, config.dtype), tensors)
+    renamed = {name.replace("midlayer.", "layers.0.", 1): tensor for name, tensor in tensors.items()}
+    _write(speculators_dir, speculators_config(draft.config, config.dtype, provenance, config.num_speculative_tokens),
+           renamed)
 
 
 def _write(directory: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:

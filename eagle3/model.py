@@ -202,20 +202,23 @@ class Eagle3Draft(nn.Module):
 
     def unroll(self, input_ids: torch.Tensor, aux: torch.Tensor, embed: nn.Module, steps: int) -> list[torch.Tensor]:
         """Training-time test. input_ids [B, T] (the verifier's sequence), aux [B, T, A*H].
-        Returns per step i the logits [B, T, draft_vocab] where position t predicts token t+2+i."""
+        Returns per step i the pre-norm features [B, T, H] where position t predicts token t+2+i
+        (`logits` turns them into draft-vocab logits; the trainer does so only where the loss counts)."""
         batch, tokens = input_ids.shape
         hidden = self.fc(aux / self.aux_scale.to(aux.dtype))
         positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
         cache: list[tuple[torch.Tensor, torch.Tensor]] = []
-        logits = []
+        features = []
         for i in range(steps):
             ahead = torch.zeros_like(input_ids)
             ahead[:, : tokens - 1 - i] = input_ids[:, 1 + i :]
             cos, sin = self.rotary(hidden, positions + i)
-            pre = self.midlayer(embed(ahead).to(hidden.dtype), hidden, cos, sin, cache)
-            logits.append(self.lm_head(self.norm(pre)))
-            hidden = pre
-        return logits
+            hidden = self.midlayer(embed(ahead).to(hidden.dtype), hidden, cos, sin, cache)
+            features.append(hidden)
+        return features
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(features))
 
     def export_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The vLLM tensors: aux_scale folded into fc.weight, training-only buffers dropped."""

@@ -43,7 +43,7 @@ from eagle3.layout import CHECKPOINT_DIR, HIDDEN_DIR, TRAIN_LOG_DIR, VOCAB_DIR, 
 from eagle3.model import DraftConfig, Eagle3Draft, read_verifier_config
 from eagle3.params.train import TrainParams
 from eagle3.progress import progress, step
-from eagle3.shards import HiddenStateDataset
+from eagle3.shards import HiddenStateDataset, ShardReader
 from eagle3.verifier_weights import load_verifier_tensors
 from eagle3.vocab import load_vocab
 
@@ -114,18 +114,17 @@ class Objective(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor], probs: torch.Tensor, masks: list[torch.Tensor],
                 global_counts: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (loss to backpropagate, per-step loss sums, per-step correct counts) for this process's slice."""
-        logits = self.draft.unroll(batch["input_ids"], batch["aux"], self.embed, self.steps)
+        features = self.draft.unroll(batch["input_ids"], batch["aux"], self.embed, self.steps)
         loss = torch.zeros((), device=probs.device)
         sums, correct = [], []
         tokens = probs.shape[1]
-        for i, (step_logits, mask) in enumerate(zip(logits, masks, strict=True)):
-            target = torch.zeros_like(probs)
-            target[:, : tokens - 1 - i] = probs[:, 1 + i :]
-            log_probs = step_logits.float().log_softmax(-1)
-            per_position = -(target * log_probs).sum(-1)
-            step_sum = (per_position * mask).sum()
+        for i, (step_features, mask) in enumerate(zip(features, masks, strict=True)):
+            # Only positions that count go through norm + lm_head: the vocabulary projection is the costliest part.
+            target = probs[:, 1 + i :][mask[:, : tokens - 1 - i]]
+            log_probs = self.draft.logits(step_features[mask]).float().log_softmax(-1)
+            step_sum = -(target * log_probs).sum()
             sums.append(step_sum.detach())
-            correct.append(((step_logits.argmax(-1) == target.argmax(-1)) & mask).sum())
+            correct.append((log_probs.argmax(-1) == target.argmax(-1)).sum())
             loss = loss + self.weights[i] * step_sum / global_counts[i].clamp(min=1)
         # DDP averages gradients over processes; the global normalisation above wants their sum.
         return loss * world, torch.stack(sums), torch.stack(correct)
@@ -146,22 +145,46 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 class BatchPlan(torch.utils.data.Sampler):
-    """This rank's share of every global batch from `start` on: epoch e is a permutation seeded by (seed, e)."""
+    """This rank's share of every global batch from step `start` on.
 
-    def __init__(self, samples: int, batch_size: int, epochs: int, seed: int, start: int, rank: int, world: int):
-        self.samples, self.batch_size, self.epochs, self.seed = samples, batch_size, epochs, seed
+    Epoch e draws a permutation seeded by (seed, e); each window of 16 batches' worth of samples is sorted by
+    length and cut into batches (little padding), and the epoch's batches are then shuffled with the same seed.
+    The order depends only on the data and params, which is what makes resume exact."""
+
+    WINDOW = 16
+
+    def __init__(self, lengths: torch.Tensor, batch_size: int, epochs: int, seed: int, start: int, rank: int, world: int):
+        self.lengths, self.batch_size, self.epochs, self.seed = lengths, batch_size, epochs, seed
         self.start, self.rank, self.world = start, rank, world
-        self.per_epoch = samples // batch_size
+        self.per_epoch = len(lengths) // batch_size
 
     def __len__(self) -> int:
         return self.per_epoch * self.epochs - self.start
 
+    def epoch(self, epoch: int) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed * 100003 + epoch)
+        order = torch.randperm(len(self.lengths), generator=generator)[: self.per_epoch * self.batch_size]
+        batches = []
+        for first in range(0, len(order), self.batch_size * self.WINDOW):
+            window = order[first : first + self.batch_size * self.WINDOW]
+            window = window[torch.argsort(self.lengths[window], stable=True)]
+            batches += list(window.split(self.batch_size))
+        return [batches[i] for i in torch.randperm(len(batches), generator=generator)]
+
     def __iter__(self):
-        for global_step in range(self.start, self.per_epoch * self.epochs):
-            epoch, position = divmod(global_step, self.per_epoch)
-            order = torch.randperm(self.samples, generator=torch.Generator().manual_seed(self.seed * 100003 + epoch))
-            batch = order[position * self.batch_size : (position + 1) * self.batch_size]
-            yield batch[self.rank :: self.world].tolist()
+        for epoch in range(self.start // self.per_epoch, self.epochs):
+            batches = self.epoch(epoch)
+            for position in range(max(self.start - epoch * self.per_epoch, 0), self.per_epoch):
+                yield batches[position][self.rank :: self.world].tolist()
+
+
+def sample_lengths(dataset: HiddenStateDataset) -> torch.Tensor:
+    lengths = []
+    for path in dataset.paths:
+        reader = ShardReader(path)
+        lengths += [entry["tokens"] for entry in reader.entries]
+        reader.close()
+    return torch.tensor(lengths)
 
 
 def learning_rate(config: TrainParams, step_index: int, total: int) -> float:
@@ -325,7 +348,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
     if world.world > 1:
         model = nn.parallel.DistributedDataParallel(objective, device_ids=[world.device.index] if world.device.type == "cuda" else None)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=BatchPlan(len(dataset), config.batch_size, config.epochs, config.seed, start,
+        dataset, batch_sampler=BatchPlan(sample_lengths(dataset), config.batch_size, config.epochs, config.seed, start,
                                          world.rank, world.world),
         collate_fn=collate, num_workers=config.num_workers, prefetch_factor=4 if config.num_workers else None,
     )

@@ -1,0 +1,185 @@
+"""The draft model, its export and validation, without the pipeline: small shapes, exact checks."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from conftest import eagle3
+from eagle3.export import write_drafts
+from eagle3.model import DraftConfig, Eagle3Draft
+from eagle3.params.export import ExportParams
+from eagle3.validate import check_draft
+from eagle3.vocab import mapping, select
+
+VERIFIER = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64, "num_hidden_layers": 12, "vocab_size": 100,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+
+
+def tiny_draft(seed: int = 0) -> Eagle3Draft:
+    config = DraftConfig.from_verifier(VERIFIER, (2, 6, 9), draft_vocab_size=40)
+    draft = Eagle3Draft(config)
+    generator = torch.Generator().manual_seed(seed)
+    draft.init_weights(generator)
+    with torch.no_grad():  # non-trivial norms and scale, so a wrong wiring shows
+        for module in draft.modules():
+            if hasattr(module, "eps"):
+                module.weight.copy_(1 + 0.3 * torch.randn(module.weight.shape, generator=generator))
+        draft.aux_scale.copy_(0.5 + torch.rand(draft.aux_scale.shape, generator=generator) * 4)
+    return draft
+
+
+def test_vocab_keeps_the_most_frequent_answer_tokens_and_maps_them_as_vllm_reads_them():
+    masked = torch.tensor([0, 7, 7, 1, 0, 0, 3, 0])
+    every = torch.tensor([50, 7, 9, 1, 4, 0, 3, 2])
+    chosen = select(masked, every, 5)
+    # answers first (1 and 2 tie at 7: 2 is more frequent overall), then 6, 3, then the most frequent other token (0)
+    assert chosen.tolist() == [0, 1, 2, 3, 6]
+    d2t, t2d = mapping(chosen, 8)
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
+    assert (torch.arange(5) + d2t).tolist() == [0, 1, 2, 3, 6]
+    assert t2d.tolist() == [True, True, True, True, False, False, True, False]
+
+
+def _rope(draft, x, position):
+    cos, sin = draft.rotary(x, torch.tensor([[position]]))
+    return cos[0, 0], sin[0, 0]
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def _reference_step(draft, embed, token, hidden, position, cache):
+    """One draft step for ONE position, written out as vLLM runs it: explicit keys list, explicit softmax."""
+    layer, attn = draft.midlayer, draft.midlayer.self_attn
+    x = torch.cat([layer.input_layernorm(embed(torch.tensor(token))), layer.hidden_norm(hidden)])
+    cos, sin = _rope(draft, x, position)
+    q = attn.q_proj(x).view(attn.heads, attn.head_dim)
+    k = attn.k_proj(x).view(attn.kv_heads, attn.head_dim)
+    v = attn.v_proj(x).view(attn.kv_heads, attn.head_dim)
+    cache.append((_rotate(k, cos, sin), v))
+    q = _rotate(q, cos, sin)
+    group = attn.heads // attn.kv_heads
+    heads = []
+    for h in range(attn.heads):
+        keys = torch.stack([key[h // group] for key, _ in cache])
+        values = torch.stack([value[h // group] for _, value in cache])
+        weights = torch.softmax(keys @ q[h] / math.sqrt(attn.head_dim), 0)
+        heads.append(weights @ values)
+    residual = attn.o_proj(torch.cat(heads)) + hidden
+    return layer.mlp(layer.post_attention_layernorm(residual)) + residual
+
+
+def test_training_time_test_unroll_equals_vllm_style_step_by_step_drafting():
+    torch.manual_seed(0)
+    draft = tiny_draft().eval()
+    embed = nn.Embedding(100, 32)
+    tokens, steps = 9, 3
+    ids = torch.randint(0, 100, (1, tokens))
+    aux = torch.randn(1, tokens, 96) * 5
+    with torch.no_grad():
+        features = draft.unroll(ids, aux, embed, steps)
+        fused = draft.fc(aux[0] / draft.aux_scale)
+        for t in range(tokens - 1 - steps):
+            # context: the first pass over positions 0..t (token t+1 at slot t), then steps 1.. at position t only
+            cache = []
+            for s in range(t + 1):
+                hidden = _reference_step(draft, embed, int(ids[0, s + 1]), fused[s], s, cache)
+            context = cache[: t + 1]
+            assert torch.allclose(features[0][0, t], hidden, atol=1e-5), f"step 0, position {t}"
+            cache = list(context)
+            for i in range(1, steps):
+                hidden = _reference_step(draft, embed, int(ids[0, t + 1 + i]), hidden, t + i, cache)
+                assert torch.allclose(features[i][0, t], hidden, atol=1e-5), f"step {i}, position {t}"
+
+
+def test_export_folds_the_input_scale_into_fc():
+    draft = tiny_draft()
+    aux = torch.randn(5, 96) * 30
+    exported = draft.export_state(torch.float32)
+    assert "aux_scale" not in exported and not any("rotary" in name for name in exported)
+    assert torch.allclose(aux @ exported["fc.weight"].T, draft.fc(aux / draft.aux_scale), rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def exported(tmp_path):
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps(VERIFIER))
+    chosen = torch.arange(0, 80, 2)
+    d2t, t2d = mapping(chosen, 100)
+    provenance = {"name": "tiny/verifier", "architectures": ["LlamaForCausalLM"]}
+    write_drafts(tiny_draft(), d2t, t2d, ExportParams(), provenance, tmp_path / "draft", tmp_path / "speculators")
+    return tmp_path
+
+
+def test_export_writes_the_vllm_contract(exported):
+    config = json.loads((exported / "draft/config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
+    assert (config["num_hidden_layers"], config["draft_vocab_size"], config["vocab_size"]) == (1, 40, 100)
+    assert config["tie_word_embeddings"] is False and config["max_position_embeddings"] == 256
+    assert config["rope_parameters"] == VERIFIER["rope_parameters"]
+    tensors = load_file(exported / "draft/model.safetensors")
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    assert (torch.arange(40) + tensors["d2t"]).tolist() == list(range(0, 80, 2))
+    assert tensors["fc.weight"].shape == (32, 96) and tensors["fc.weight"].dtype == torch.bfloat16
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape == (32, 64)
+    assert tensors["midlayer.self_attn.k_proj.weight"].shape == (16, 64)
+    assert "embed_tokens.weight" not in tensors
+    speculators = json.loads((exported / "speculators/config.json").read_text())
+    assert speculators["speculators_model_type"] == "eagle3" and speculators["norm_before_residual"] is False
+    assert speculators["speculators_config"]["verifier"]["name_or_path"] == "tiny/verifier"
+    assert "layers.0.self_attn.q_proj.weight" in load_file(exported / "speculators/model.safetensors")
+    assert check_draft(exported / "draft", exported / "verifier") == []
+    assert check_draft(exported / "speculators", exported / "verifier") == []
+
+
+def _edit_config(directory, **changes):
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+
+
+def _edit_tensors(directory, **changes):
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    tensors.update(changes)
+    save_file(tensors, path)
+
+
+@pytest.mark.parametrize("breakage, expected", [
+    (lambda d: _edit_config(d, eagle_config={}), "eagle_aux_hidden_state_layer_ids is missing"),
+    (lambda d: _edit_config(d, tie_word_embeddings=True), "tie_word_embeddings must be false"),
+    (lambda d: _edit_config(d, max_position_embeddings=128), "max_position_embeddings is 128, must be >= the verifier's 256"),
+    (lambda d: _edit_config(d, num_key_value_heads=4), "num_key_value_heads is 4, the verifier needs 2"),
+    (lambda d: _edit_tensors(d, d2t=torch.arange(0, 40).float()), "tensor d2t has dtype float32, expected int64"),
+    (lambda d: _edit_tensors(d, **{"fc.weight": torch.zeros(32, 64, dtype=torch.bfloat16)}),
+     "tensor fc.weight has shape [32, 64], expected [32, 96]"),
+    (lambda d: _edit_tensors(d, d2t=torch.zeros(40, dtype=torch.int64)), "t2d does not mark exactly the target tokens"),
+])
+def test_validate_draft_names_each_mismatch_in_one_line(exported, breakage, expected):
+    breakage(exported / "draft")
+    result = eagle3(exported, "validate-draft", "draft", "--verifier", "verifier", check=False)
+    assert result.returncode == 2
+    assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_validate_draft_accepts_a_valid_export(exported):
+    result = eagle3(exported, "validate-draft", "draft", "--verifier", "verifier")
+    assert "valid EAGLE-3 draft" in result.stdout
