@@ -41,7 +41,7 @@ def _drop(params: dict, dotted: str) -> dict:
 LOCAL_VERIFIER = {"kind": "local", "path": "/models/x", "name": "org/x"}
 
 INVALID = [
-    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare, generate, extract)"),
+    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare, generate, extract, vocab, train, export, report)"),
     (
         lambda p: _set(p, "prepare.heldout_row", 3),
         "params.yaml: prepare.heldout_row: unknown key (allowed: sources, max_rows, max_rows_per_source, heldout_rows, seed)",
@@ -112,7 +112,9 @@ INVALID = [
         lambda p: _set(p, "extract.aux_layer_ids", [2, 2, 27]),
         "params.yaml: extract.aux_layer_ids: layer ids must be distinct and >= 0, got [2, 2, 27]",
     ),
-    (lambda p: _set(p, "extract.backend", "vllm"), "params.yaml: extract.backend: must be one of 'hf', got 'vllm'"),
+    (lambda p: _set(p, "extract.backend", "sglang"), "params.yaml: extract.backend: must be one of 'hf' or 'vllm', got 'sglang'"),
+    (lambda p: _set(p, "train.ttt_steps", 0), "params.yaml: train.ttt_steps: must be > 0, got 0"),
+    (lambda p: _set(p, "train.precision", "fp8"), "params.yaml: train.precision: must be one of 'bf16' or 'fp32', got 'fp8'"),
     (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
 ]
 
@@ -130,7 +132,7 @@ def test_invalid_params_name_the_key(tmp_path, mutate, message):
     [
         ("verifier: [unclosed\n", ":2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
         ("prepare:\n  seed: 1\n  seed: 2\n", ":3: invalid YAML: duplicate key 'seed'"),
-        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare, generate, extract), got list"),
+        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare, generate, extract, vocab, train, export, report), got list"),
     ],
 )
 def test_unparseable_params(tmp_path, text, message):
