@@ -22,6 +22,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "vocab": ("eagle3.vocab", "draft vocabulary (d2t/t2d) from the answers' token frequencies"),
     "train": ("eagle3.train", "train the EAGLE-3 draft with training-time test (resumable; torchrun for DDP)"),
     "export": ("eagle3.export", "write the draft in vLLM's EAGLE-3 format and the speculators format"),
+    "evaluate": ("eagle3.evaluate", "tokens per verifier step inside vLLM on held-out prompts, vs vLLM's ngram"),
     "lineage": ("eagle3.lineage", "(stage report) license gate, lineage record and model card; --check verifies them"),
 }
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from eagle3.errors import Eagle3Error
 from eagle3.params.base import Section
+from eagle3.params.evaluate import EvaluateParams
 from eagle3.params.export import ExportParams
 from eagle3.params.extract import ExtractParams
 from eagle3.params.generate import GenerateParams
@@ -33,6 +34,7 @@ class Params(Section):
     vocab: VocabParams = VocabParams()
     train: TrainParams = TrainParams()
     export: ExportParams = ExportParams()
+    evaluate: EvaluateParams = EvaluateParams()
     report: ReportParams = ReportParams()
 
 

@@ -41,13 +41,16 @@ class Speculation:
     method: str  # "eagle3" | "ngram"
     num_speculative_tokens: int
     model: str | None = None  # the draft directory (eagle3)
+    prompt_lookup_min: int | None = None  # ngram; None keeps vLLM's default
+    prompt_lookup_max: int | None = None
 
     def vllm_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "eagle3":
             config["model"] = self.model
-        else:  # vLLM's prompt-lookup proposer with its documented defaults
-            config.update(prompt_lookup_max=4, prompt_lookup_min=2)
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            if getattr(self, key) is not None:
+                config[key] = getattr(self, key)
         return config
 
 

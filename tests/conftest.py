@@ -57,3 +57,21 @@ def verifier_project(tmp_path_factory) -> Path:
     root = make_project(tmp_path_factory.mktemp("verifier-project"))
     eagle3(root, "verifier")
     return root
+
+
+@pytest.fixture(scope="session")
+def vllm_generated(verifier_project, tmp_path_factory) -> Path:
+    """A small project whose answers the real verifier regenerated with vLLM (test_generate's default params).
+    Shared read-only: tests that run later stages work on a hard-linked copy (`copy_project`)."""
+    from test_generate import _params, project
+
+    root = project(tmp_path_factory.mktemp("vllm-run"), verifier_project, _params())
+    eagle3(root, "generate")
+    return root
+
+
+def copy_project(source: Path, root: Path, params: dict) -> Path:
+    """`source` hard-linked into `root` (outputs are replaced, never edited in place), with its own params.yaml."""
+    shutil.copytree(source, root, copy_function=os.link, ignore=shutil.ignore_patterns("params.yaml"), dirs_exist_ok=True)
+    write_params(root, params)
+    return root

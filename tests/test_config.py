@@ -41,7 +41,7 @@ def _drop(params: dict, dotted: str) -> dict:
 LOCAL_VERIFIER = {"kind": "local", "path": "/models/x", "name": "org/x"}
 
 INVALID = [
-    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare, generate, extract, vocab, train, export, report)"),
+    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare, generate, extract, vocab, train, export, evaluate, report)"),
     (
         lambda p: _set(p, "prepare.heldout_row", 3),
         "params.yaml: prepare.heldout_row: unknown key (allowed: sources, max_rows, max_rows_per_source, heldout_rows, seed)",
@@ -132,7 +132,7 @@ def test_invalid_params_name_the_key(tmp_path, mutate, message):
     [
         ("verifier: [unclosed\n", ":2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
         ("prepare:\n  seed: 1\n  seed: 2\n", ":3: invalid YAML: duplicate key 'seed'"),
-        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare, generate, extract, vocab, train, export, report), got list"),
+        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare, generate, extract, vocab, train, export, evaluate, report), got list"),
     ],
 )
 def test_unparseable_params(tmp_path, text, message):

@@ -60,10 +60,8 @@ def output_files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def vllm_run(verifier_project, tmp_path_factory) -> Path:
-    root = project(tmp_path_factory.mktemp("vllm-run"), verifier_project, _params())
-    eagle3(root, "generate")
-    return root
+def vllm_run(vllm_generated) -> Path:
+    return vllm_generated
 
 
 def test_vllm_backend_regenerates_every_turn(vllm_run):

@@ -1,0 +1,39 @@
+"""params.yaml `evaluate:` — how the draft is measured inside vLLM."""
+
+from pydantic import Field, PositiveInt, field_validator
+
+from eagle3.params.base import Section
+
+
+class NgramBaseline(Section):
+    # vLLM's prompt-lookup proposer; null keeps vLLM's own defaults (currently 5 and 5).
+    prompt_lookup_min: PositiveInt | None = None
+    prompt_lookup_max: PositiveInt | None = None
+
+
+class EvalEngine(Section):
+    max_model_len: PositiveInt = 2048
+    tensor_parallel_size: PositiveInt = 1
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    cpu_kvcache_space_gib: PositiveInt = 2
+    enforce_eager: bool = True
+
+
+class EvaluateParams(Section):
+    # Draft lengths to measure (vLLM num_speculative_tokens); k=3 is the headline figure.
+    num_speculative_tokens: list[PositiveInt] = Field([1, 3, 5], min_length=1)
+    # Every run is greedy and at this temperature.
+    temperature: float = Field(0.7, gt=0)
+    max_tokens: PositiveInt = 256
+    # Held-out prompts used (their first user turn); null: all of them.
+    max_prompts: PositiveInt | None = None
+    seed: int = 0
+    ngram: NgramBaseline = NgramBaseline()
+    vllm: EvalEngine = EvalEngine()
+
+    @field_validator("num_speculative_tokens")
+    @classmethod
+    def _has_headline_k(cls, ks: list[int]) -> list[int]:
+        if 3 not in ks or len(set(ks)) != len(ks):
+            raise ValueError(f"must be distinct and include 3 (the headline figure), got {ks}")
+        return sorted(ks)

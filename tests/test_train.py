@@ -1,0 +1,174 @@
+"""vocab -> train -> export on the real verifier's regenerated answers, and the exported draft inside vLLM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import copy_project, eagle3
+from eagle3.export import write_drafts
+from eagle3.layout import train_shards
+from eagle3.model import DraftConfig, Eagle3Draft
+from eagle3.params.export import ExportParams
+from eagle3.shards import ShardReader
+from eagle3.speculative import Engine, Request, Sampling, Speculation, run
+from eagle3.synthetic import iter_records
+from test_generate import _params
+
+pytestmark = pytest.mark.slow
+
+TRAIN = {"ttt_steps": 3, "epochs": 12, "batch_size": 8, "learning_rate": 0.003, "min_learning_rate": 0.0003,
+         "warmup_steps": 4, "checkpoint_every": 8, "log_every": 2, "num_workers": 1}
+
+
+def _train_params(**train) -> dict:
+    params = _params()
+    params["vocab"] = {"draft_vocab_size": 2048}
+    params["train"] = {**TRAIN, **train}
+    return params
+
+
+@pytest.fixture(scope="module")
+def extracted_real(vllm_generated, tmp_path_factory):
+    root = copy_project(vllm_generated, tmp_path_factory.mktemp("draft"), _train_params())
+    eagle3(root, "extract")
+    eagle3(root, "vocab")
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(extracted_real):
+    eagle3(extracted_real, "train")
+    eagle3(extracted_real, "export")
+    return extracted_real
+
+
+def test_vocab_covers_the_answers_and_maps_draft_to_target_ids(extracted_real):
+    tensors = load_file(extracted_real / "data/vocab/vocab.safetensors")
+    d2t, t2d = tensors["d2t"], tensors["t2d"]
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and len(d2t) == 2048 and len(t2d) == 49152
+    targets = torch.arange(2048) + d2t
+    assert bool((targets[1:] > targets[:-1]).all()) and int(t2d.sum()) == 2048 and bool(t2d[targets].all())
+    answer_tokens = set()
+    total = 0
+    for path in train_shards(extracted_real):
+        reader = ShardReader(path)
+        for position in range(len(reader)):
+            sample = reader.read(position)
+            answer_tokens |= set(sample.input_ids[sample.loss_mask].tolist())
+            total += int(sample.loss_mask.sum())
+    metrics = json.loads((extracted_real / "metrics/vocab.json").read_text())
+    assert len(answer_tokens) < 2048 and answer_tokens <= set(targets.tolist())
+    assert metrics["coverage"] == 1.0 and metrics["loss_tokens"] == total
+    assert metrics["distinct_loss_tokens"] == len(answer_tokens)
+
+
+def test_training_learns_and_logs_curves_for_dvc_plots(trained):
+    plots = trained / "metrics/train/plots/metrics/train"
+    rows = [line.split("\t") for line in (plots / "loss.tsv").read_text().splitlines()[1:]]
+    steps, losses = [int(r[0]) for r in rows], [float(r[1]) for r in rows]
+    total = json.loads((trained / "metrics/train/metrics.json").read_text())["total_steps"]
+    assert steps == list(range(2, total + 1, 2)) and total == 12 * (len(ShardReader(train_shards(trained)[0])) // 8)
+    assert losses[-1] < 0.5 * losses[0]
+    accuracy = [float(line.split("\t")[1]) for line in (plots / "acc_0.tsv").read_text().splitlines()[1:]]
+    assert accuracy[-1] > 0.5 > accuracy[0]
+    checkpoints = sorted(p.name for p in (trained / "checkpoints").glob("step-*"))
+    assert checkpoints[-1] == f"step-{total:07d}" and len(checkpoints) == 2  # keep_checkpoints
+    result = eagle3(trained, "validate-draft", "models/draft", "--verifier", "models/verifier")
+    assert "valid EAGLE-3 draft" in result.stdout
+
+
+def _final_state(root):
+    newest = sorted((root / "checkpoints").glob("step-*"))[-1]
+    return newest.name, load_file(newest / "model.safetensors"), load_file(newest / "optimizer.safetensors")
+
+
+def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
+    short = {"epochs": 3, "checkpoint_every": 2}
+    reference = copy_project(extracted_real, tmp_path / "reference", _train_params(**short))
+    eagle3(reference, "train")
+    killed = copy_project(extracted_real, tmp_path / "killed", _train_params(**short))
+    process = subprocess.Popen([sys.executable, "-m", "eagle3.cli", "train"], cwd=killed,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list((killed / "checkpoints").glob("step-0000004")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    left = sorted(p.name for p in (killed / "checkpoints").glob("step-*"))
+    assert left and left[-1] < _final_state(reference)[0], "the kill must land before training finished"
+    resumed = eagle3(killed, "train")
+    assert "resuming from" in resumed.stderr
+    name, model, optimizer = _final_state(killed)
+    expected_name, expected_model, expected_optimizer = _final_state(reference)
+    assert name == expected_name
+    for key in expected_model:
+        assert torch.equal(model[key], expected_model[key]), key
+    for key in expected_optimizer:
+        assert torch.equal(optimizer[key], expected_optimizer[key]), key
+    curve = "metrics/train/plots/metrics/train/loss.tsv"
+    assert (killed / curve).read_text() == (reference / curve).read_text()
+
+
+def test_two_processes_under_torchrun_match_one(extracted_real, tmp_path):
+    settings = {"epochs": 2, "precision": "fp32", "log_every": 1, "num_workers": 0}
+    single = copy_project(extracted_real, tmp_path / "single", _train_params(**settings))
+    eagle3(single, "train")
+    double = copy_project(extracted_real, tmp_path / "double", _train_params(**settings))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "eagle3.cli", "train"], cwd=double, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    curve = "metrics/train/plots/metrics/train/loss.tsv"
+    one = [float(line.split("\t")[1]) for line in (single / curve).read_text().splitlines()[1:]]
+    two = [float(line.split("\t")[1]) for line in (double / curve).read_text().splitlines()[1:]]
+    assert len(one) == len(two) == json.loads((single / "metrics/train/metrics.json").read_text())["total_steps"]
+    assert one[-1] < one[0]
+    for a, b in zip(one, two, strict=True):
+        assert abs(a - b) <= 1e-4 * abs(a), (one, two)
+
+
+def _prompts(root, count):
+    prompts = []
+    for record in iter_records(root, "train"):
+        if record["status"] == "ok":
+            first_answer = next(i for i, m in enumerate(record["messages"]) if m["role"] == "assistant")
+            prompts.append([{"role": m["role"], "content": m["content"]} for m in record["messages"][:first_answer]])
+    return prompts[:count]
+
+
+def _untrained_draft(root, directory):
+    trained_config = json.loads((root / "models/draft/config.json").read_text())
+    tensors = load_file(root / "data/vocab/vocab.safetensors")
+    config = DraftConfig.from_verifier(json.loads((root / "models/verifier/config.json").read_text()),
+                                       tuple(trained_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]), 2048)
+    draft = Eagle3Draft(config)
+    draft.init_weights(torch.Generator().manual_seed(1))
+    provenance = json.loads((root / "models/verifier/provenance.json").read_text())
+    write_drafts(draft, tensors["d2t"], tensors["t2d"], ExportParams(), provenance, directory, directory.with_name("spec"))
+    return directory
+
+
+def test_vllm_serves_the_draft_losslessly_and_training_makes_it_accepted(trained, tmp_path):
+    prompts = _prompts(trained, 16)
+    engine = Engine(verifier=str(trained / "models/verifier"), max_model_len=512, cpu_kvcache_space_gib=1)
+    greedy = [Sampling(temperature=0.0, max_tokens=32)]
+    plain = run(Request(engine, None, prompts, greedy))[0]
+    outcomes = {}
+    for name, directory in (("trained", trained / "models/draft"),
+                            ("untrained", _untrained_draft(trained, tmp_path / "untrained"))):
+        speculation = Speculation("eagle3", 3, str(directory))
+        outcomes[name] = run(Request(engine, speculation, prompts, greedy))[0]
+    for name, outcome in outcomes.items():
+        same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(outcome["completions"], plain["completions"], strict=True))
+        assert same == len(prompts), f"{name}: only {same} of {len(prompts)} greedy outputs equal the verifier's own"
+    trained_rate = outcomes["trained"]["counters"]["num_accepted_tokens"] / outcomes["trained"]["counters"]["num_draft_tokens"]
+    untrained_rate = outcomes["untrained"]["counters"]["num_accepted_tokens"] / outcomes["untrained"]["counters"]["num_draft_tokens"]
+    assert outcomes["trained"]["counters"]["num_drafts"] > 0 and len(outcomes["trained"]["counters"]["accepted_per_position"]) == 3
+    assert trained_rate > 0.3, outcomes["trained"]["counters"]
+    assert untrained_rate < 0.05, outcomes["untrained"]["counters"]
