@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate-draft", help="check a draft directory against vLLM's EAGLE-3 contract and its verifier")
     validate.add_argument("draft", type=Path, help="draft directory (config.json + model.safetensors)")
     validate.add_argument("--verifier", type=Path, required=True, help="the verifier's HF directory")
+    from eagle3 import plan
+
+    plan.add_arguments(commands.add_parser("plan", help="hero-run disk, time and cost: extract here and ship, extract there, or online"))
     return parser
 
 
@@ -53,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
             validate_draft(args.draft, args.verifier)
             print(f"{args.draft}: valid EAGLE-3 draft for {args.verifier}")
+            return 0
+        if args.command == "plan":  # not a stage: CLI flags and measured metrics, no params.yaml
+            from eagle3.plan import main as plan
+
+            plan(args)
             return 0
         params = load_params(args.params)
         root = args.params.resolve().parent
