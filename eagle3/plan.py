@@ -204,6 +204,16 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
     if verifier.weights_bytes is None:
         raise Eagle3Error(f"verifier {args.verifier!r}: weights size unknown (no model.safetensors.index.json beside it): pass --weights-gb")
 
+    _positive("--probe-mb", args.probe_mb)
+    link_gbit, link_efficiency = args.link_gbit, args.link_efficiency
+    sources["link"] = "--link-gbit x --link-efficiency"
+    if args.link_from_remote:
+        from eagle3.remotes import measure_upload
+
+        link_gbit = measure_upload(Path.cwd(), args.link_from_remote, int(args.probe_mb * 1e6)) * 8 / 1e9
+        link_efficiency = 1.0
+        sources["link"] = f"measured: one {args.probe_mb:g} MB upload to DVC remote {args.link_from_remote!r}"
+
     return Inputs(
         verifier=verifier,
         samples=args.samples,
@@ -212,9 +222,9 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
         captured_layers=args.layers,
         bytes_per_element=args.bytes_per_element,
         compression_ratio=ratio,
-        link_gbit=args.link_gbit,
-        link_efficiency=args.link_efficiency,
-        weights_link_gbit=args.weights_link_gbit or args.link_gbit,
+        link_gbit=link_gbit,
+        link_efficiency=link_efficiency,
+        weights_link_gbit=args.weights_link_gbit or link_gbit,
         target_tokens_per_s=target_tps,
         gpus=args.gpus,
         gpu_tflops=args.gpu_tflops,
@@ -331,6 +341,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     machines = parser.add_argument_group("link and machines")
     machines.add_argument("--link-gbit", type=float, default=5.0, help="link between here and the rented machine, Gbit/s (default 5)")
     machines.add_argument("--link-efficiency", type=float, default=0.8, help="share of the line rate a transfer reaches (default 0.8; benchmarks/transfer.py measures it)")
+    machines.add_argument("--link-from-remote", metavar="REMOTE", help="measure the link instead: time an upload to this DVC remote with DVC's own transport")
+    machines.add_argument("--probe-mb", type=float, default=256.0, help="size of that upload, MB (default 256)")
     machines.add_argument("--weights-link-gbit", type=float, help="Gbit/s at which the rented machine gets the verifier weights (default: --link-gbit)")
     machines.add_argument("--extract-tokens-per-s", type=float, help="extraction speed on the rented machine (default: derived from FLOP/s)")
     machines.add_argument("--active-params", type=float, help="verifier parameters active per token (presets know it)")
@@ -392,7 +404,8 @@ def render(plan: dict[str, Any]) -> None:
 
     rates = plan["rates"]
     console.print(
-        f"link {inputs['link_gbit']:g} Gbit/s x {inputs['link_efficiency']:g} = {rates['link_bytes_per_s'] * 8 / 1e9:.2f} Gbit/s effective; "
+        f"link {inputs['link_gbit']:.3g} Gbit/s x {inputs['link_efficiency']:g} = {rates['link_bytes_per_s'] * 8 / 1e9:.2f} Gbit/s effective "
+        f"({inputs['sources']['link']}); "
         f"extraction on the rented machine {rates['target_tokens_per_s']:,.0f} tokens/s ({inputs['sources']['target_tokens_per_s']}); "
         f"${rates['machine_usd_per_hour']:,.2f}/h"
     )
