@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+import torch.nn.functional as F
 from torch import nn
 
 from eagle3.errors import Eagle3Error
@@ -98,10 +99,12 @@ class Objective(nn.Module):
         self.register_buffer("t2d", t2d, persistent=False)
         self.steps, self.weights = steps, [step_weight**i for i in range(steps)]
 
-    def targets(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Verifier distribution over the draft vocab [B, T, Vd] and, per step, which positions count [B, T]."""
+    def targets(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Verifier distribution over the draft vocab [B, T, Vd], its top-1 [B, T], and per step which positions
+        count [B, T]."""
         with torch.no_grad():
-            probs = (batch["final"].float() @ self.target_head.float().T).softmax(-1)
+            logits = batch["final"].to(self.target_head.dtype) @ self.target_head.T
+            probs = logits.float().softmax(-1)
             ids, mask = batch["input_ids"], batch["loss_mask"]
             counts = mask & self.t2d[ids]
             masks = []
@@ -109,10 +112,11 @@ class Objective(nn.Module):
                 shifted = torch.zeros_like(counts)
                 shifted[:, : max(ids.shape[1] - 2 - i, 0)] = counts[:, 2 + i :]
                 masks.append(shifted)
-        return probs, masks
+        return probs, logits.argmax(-1), masks
 
-    def forward(self, batch: dict[str, torch.Tensor], probs: torch.Tensor, masks: list[torch.Tensor],
-                global_counts: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, batch: dict[str, torch.Tensor], probs: torch.Tensor, top1: torch.Tensor,
+                masks: list[torch.Tensor], global_counts: torch.Tensor,
+                world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (loss to backpropagate, per-step loss sums, per-step correct counts) for this process's slice."""
         features = self.draft.unroll(batch["input_ids"], batch["aux"], self.embed, self.steps)
         loss = torch.zeros((), device=probs.device)
@@ -120,11 +124,11 @@ class Objective(nn.Module):
         tokens = probs.shape[1]
         for i, (step_features, mask) in enumerate(zip(features, masks, strict=True)):
             # Only positions that count go through norm + lm_head: the vocabulary projection is the costliest part.
-            target = probs[:, 1 + i :][mask[:, : tokens - 1 - i]]
-            log_probs = self.draft.logits(step_features[mask]).float().log_softmax(-1)
-            step_sum = -(target * log_probs).sum()
+            where = mask[:, : tokens - 1 - i]
+            logits = self.draft.logits(step_features[mask]).float()
+            step_sum = F.cross_entropy(logits, probs[:, 1 + i :][where], reduction="sum")
             sums.append(step_sum.detach())
-            correct.append((log_probs.argmax(-1) == target.argmax(-1)).sum())
+            correct.append((logits.argmax(-1) == top1[:, 1 + i :][where]).sum())
             loss = loss + self.weights[i] * step_sum / global_counts[i].clamp(min=1)
         # DDP averages gradients over processes; the global normalisation above wants their sum.
         return loss * world, torch.stack(sums), torch.stack(correct)
@@ -342,7 +346,9 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
             step(f"train: all {total} steps already done ({checkpoint.name})")
         return
 
-    objective = Objective(draft, verifier["embed"], verifier["lm_head"][draft_ids], vocab["t2d"],
+    # The target head runs in the training precision: in bf16 the verifier's logits cost a fraction of fp32's.
+    head_dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    objective = Objective(draft, verifier["embed"], verifier["lm_head"][draft_ids].to(head_dtype), vocab["t2d"],
                           config.ttt_steps, config.step_weight).to(world.device)
     model: nn.Module = objective
     if world.world > 1:
@@ -364,10 +370,10 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
             lr = learning_rate(config, step_index, total)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            probs, masks = objective.targets(batch)
+            probs, top1, masks = objective.targets(batch)
             counts = world.all_sum(torch.stack([m.sum() for m in masks]).float())
             with autocast:
-                loss, sums, correct = model(batch, probs, masks, counts, world.world)
+                loss, sums, correct = model(batch, probs, top1, masks, counts, world.world)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft.parameters(), config.grad_clip)
