@@ -75,3 +75,37 @@ def copy_project(source: Path, root: Path, params: dict) -> Path:
     shutil.copytree(source, root, copy_function=os.link, ignore=shutil.ignore_patterns("params.yaml"), dirs_exist_ok=True)
     write_params(root, params)
     return root
+
+
+# Enough steps for the draft to learn the small training set: a trained draft must be accepted in vLLM.
+TRAIN_SMALL = {"ttt_steps": 3, "epochs": 12, "batch_size": 8, "learning_rate": 0.003, "min_learning_rate": 0.0003,
+               "warmup_steps": 4, "checkpoint_every": 8, "log_every": 2, "num_workers": 1}
+
+
+def draft_params(**train) -> dict:
+    """test_generate's small project params plus vocab/train settings for the draft tests."""
+    from test_generate import _params
+
+    params = _params()
+    params["vocab"] = {"draft_vocab_size": 2048}
+    params["train"] = {**TRAIN_SMALL, **train}
+    params["evaluate"] = {"num_speculative_tokens": [3], "max_tokens": 32, "max_prompts": 8,
+                          "vllm": {"max_model_len": 512, "cpu_kvcache_space_gib": 1}}
+    return params
+
+
+@pytest.fixture(scope="session")
+def extracted_real(vllm_generated, tmp_path_factory) -> Path:
+    """The real verifier's answers, extracted, with the draft vocab built."""
+    root = copy_project(vllm_generated, tmp_path_factory.mktemp("draft"), draft_params())
+    eagle3(root, "extract")
+    eagle3(root, "vocab")
+    return root
+
+
+@pytest.fixture(scope="session")
+def trained(extracted_real) -> Path:
+    """`extracted_real` with the draft trained and exported (shared read-only by later tests)."""
+    eagle3(extracted_real, "train")
+    eagle3(extracted_real, "export")
+    return extracted_real

@@ -1,5 +1,6 @@
 """The DVC wiring, exercised in a real git + DVC repository in a temporary directory."""
 
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +29,8 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     root = make_project(tmp_path)
     _run(root, "git", "init", "-q")
 
-    assert _ran(_run(root, "dvc", "repro")) == ["verifier", "prepare", "generate", "extract"]
+    # The data stages first: the checks of precise invalidation below re-run them, not the draft stages.
+    assert _ran(_run(root, "dvc", "repro", "extract")) == ["verifier", "prepare", "generate", "extract"]
 
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     outs = {out["path"]: out for stage in lock["stages"].values() for out in stage["outs"]}
@@ -36,17 +38,14 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     assert outs["data/synthetic"]["nfiles"] == 2 + 5 + 1  # run.json, manifest.json, 5 train parts, 1 held-out part
     assert outs["data/hidden"]["nfiles"] >= 2 + 2  # run.json, index.json and at least a shard per split
     assert lock["stages"]["prepare"]["params"]["params.yaml"]["prepare"]["heldout_rows"] == 16
-    assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
-    assert _ran(_run(root, "dvc", "repro")) == []
-    shown = _run(root, "dvc", "metrics", "show")
-    assert "metrics/generate.json" in shown and "96" in shown  # 96 samples generated
+    assert _ran(_run(root, "dvc", "repro", "extract")) == []
 
     # An execution-only setting re-runs generate, which finds every part done and regenerates nothing,
     # and leaves its output unchanged, so extract does not run at all.
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["generate"]["vllm"]["gpu_memory_utilization"] = 0.25
     write_params(root, params)
-    output = _run(root, "dvc", "repro")
+    output = _run(root, "dvc", "repro", "extract")
     assert _ran(output) == ["generate"] and "parts to make" not in output
     relocked = yaml.safe_load((root / "dvc.lock").read_text())
     assert relocked["stages"]["generate"]["outs"][0] == lock["stages"]["generate"]["outs"][0]
@@ -54,12 +53,36 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     # An extract param re-runs extract only.
     params["extract"]["max_seq_len"] = 256
     write_params(root, params)
-    assert _ran(_run(root, "dvc", "repro")) == ["extract"]
+    assert _ran(_run(root, "dvc", "repro", "extract")) == ["extract"]
 
     # A prepare param re-runs prepare and what depends on it; the verifier's output is untouched.
     params["prepare"]["seed"] = 3
     write_params(root, params)
-    assert _ran(_run(root, "dvc", "repro")) == ["prepare", "generate", "extract"]
+    assert _ran(_run(root, "dvc", "repro", "extract")) == ["prepare", "generate", "extract"]
+
+    # The rest of the pipeline, once: draft, evaluation in vLLM, lineage report.
+    assert _ran(_run(root, "dvc", "repro")) == ["vocab", "train", "export", "evaluate", "report"]
+    assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
+    assert _ran(_run(root, "dvc", "repro")) == []
+    shown = _run(root, "dvc", "metrics", "show")
+    assert "metrics/eval.json" in shown and "metrics/train/metrics.json" in shown
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    outs = {out["path"] for stage in lock["stages"].values() for out in stage.get("outs", [])}
+    assert {"models/draft/config.json", "models/draft/model.safetensors", "models/draft/README.md",
+            "checkpoints", "data/vocab", "reports/lineage.json"} <= outs
+    plots = _run(root, "dvc", "plots", "show", "--json")
+    assert "metrics/eval/tokens_per_step.csv" in plots and "metrics/train/plots/metrics" in plots
+
+    # Editing a training param invalidates training (and, through its output, what follows) but never the
+    # expensive data stages (`report` reads every param, so it is reported too).
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    smoke_train_lr = params["train"]["learning_rate"]
+    params["train"]["learning_rate"] = 0.002
+    write_params(root, params)
+    changed = json.loads(_run(root, "dvc", "status", "--json").strip().splitlines()[-1])
+    assert sorted(changed) == ["report", "train"]
+    params["train"]["learning_rate"] = smoke_train_lr
+    write_params(root, params)
 
     # Deleted outputs come back from the DVC cache without re-running anything.
     _run(root, "rm", "-rf", "data/prepared")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import copy_project, eagle3
+from conftest import copy_project, draft_params, eagle3
 from eagle3.export import write_drafts
 from eagle3.layout import train_shards
 from eagle3.model import DraftConfig, Eagle3Draft
@@ -19,35 +19,8 @@ from eagle3.params.export import ExportParams
 from eagle3.shards import ShardReader
 from eagle3.speculative import Engine, Request, Sampling, Speculation, run
 from eagle3.synthetic import iter_records
-from test_generate import _params
 
 pytestmark = pytest.mark.slow
-
-TRAIN = {"ttt_steps": 3, "epochs": 12, "batch_size": 8, "learning_rate": 0.003, "min_learning_rate": 0.0003,
-         "warmup_steps": 4, "checkpoint_every": 8, "log_every": 2, "num_workers": 1}
-
-
-def _train_params(**train) -> dict:
-    params = _params()
-    params["vocab"] = {"draft_vocab_size": 2048}
-    params["train"] = {**TRAIN, **train}
-    return params
-
-
-@pytest.fixture(scope="module")
-def extracted_real(vllm_generated, tmp_path_factory):
-    root = copy_project(vllm_generated, tmp_path_factory.mktemp("draft"), _train_params())
-    eagle3(root, "extract")
-    eagle3(root, "vocab")
-    return root
-
-
-@pytest.fixture(scope="module")
-def trained(extracted_real):
-    eagle3(extracted_real, "train")
-    eagle3(extracted_real, "export")
-    return extracted_real
-
 
 def test_vocab_covers_the_answers_and_maps_draft_to_target_ids(extracted_real):
     tensors = load_file(extracted_real / "data/vocab/vocab.safetensors")
@@ -91,9 +64,9 @@ def _final_state(root):
 
 def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
     short = {"epochs": 3, "checkpoint_every": 2}
-    reference = copy_project(extracted_real, tmp_path / "reference", _train_params(**short))
+    reference = copy_project(extracted_real, tmp_path / "reference", draft_params(**short))
     eagle3(reference, "train")
-    killed = copy_project(extracted_real, tmp_path / "killed", _train_params(**short))
+    killed = copy_project(extracted_real, tmp_path / "killed", draft_params(**short))
     process = subprocess.Popen([sys.executable, "-m", "eagle3.cli", "train"], cwd=killed,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
@@ -118,9 +91,9 @@ def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
 
 def test_two_processes_under_torchrun_match_one(extracted_real, tmp_path):
     settings = {"epochs": 2, "precision": "fp32", "log_every": 1, "num_workers": 0}
-    single = copy_project(extracted_real, tmp_path / "single", _train_params(**settings))
+    single = copy_project(extracted_real, tmp_path / "single", draft_params(**settings))
     eagle3(single, "train")
-    double = copy_project(extracted_real, tmp_path / "double", _train_params(**settings))
+    double = copy_project(extracted_real, tmp_path / "double", draft_params(**settings))
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                              "-m", "eagle3.cli", "train"], cwd=double, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
