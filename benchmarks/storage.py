@@ -1,8 +1,9 @@
 """Hidden-state storage: eagle3 shards vs the formats the anchors use, on real hidden states, one process.
 
-    python benchmarks/storage.py [--samples 48] [--threads 1]
+    python benchmarks/storage.py [--samples 48] [--threads 1] [--root PROJECT]
 
-Needs models/verifier and data/synthetic (`dvc repro generate`). Renders
+Needs models/verifier and data/synthetic (`dvc repro generate`) in the project
+(default: this repository). Renders
 regenerated conversations with the verifier's chat template, runs the verifier
 (HF, bf16) and keeps the aux layers (2, N//2, N-3) plus the final layer: the
 same 4 x hidden bf16 per token that extraction stores. Then writes and reads
@@ -39,14 +40,14 @@ from eagle3.shards import ShardMeta, ShardReader, ShardWriter  # noqa: E402
 from eagle3.synthetic import iter_records  # noqa: E402
 
 
-def hidden_states(samples: int) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+def hidden_states(root: Path, samples: int) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    provenance, model_dir = read_provenance(ROOT), verifier_dir(ROOT)
+    provenance, model_dir = read_provenance(root), verifier_dir(root)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     layers = [*provenance["default_aux_layer_ids"], provenance["num_hidden_layers"]]
-    records = [r for r in iter_records(ROOT, "train") if r["status"] == "ok"][:samples]
+    records = [r for r in iter_records(root, "train") if r["status"] == "ok"][:samples]
     if len(records) < samples:
         raise SystemExit(f"need {samples} regenerated samples in data/synthetic; run `dvc repro generate`")
     out = []
@@ -88,12 +89,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="eagle3 compression threads (default 1: per core)")
+    parser.add_argument("--root", type=Path, default=ROOT, help="project directory (default: this repository)")
     args = parser.parse_args()
 
-    samples = hidden_states(args.samples)
+    samples = hidden_states(args.root, args.samples)
     tokens = sum(len(ids) for _, ids, _, _ in samples)
     raw = sum(hidden.numel() * 2 for *_, hidden in samples)
-    provenance = read_provenance(ROOT)
+    provenance = read_provenance(args.root)
     meta = ShardMeta(provenance["name"], tuple([*provenance["default_aux_layer_ids"], provenance["num_hidden_layers"]]),
                      provenance["hidden_size"], provenance["tokenizer_sha256"])
 
@@ -122,7 +124,7 @@ def main() -> None:
     print(f"{'format':18s} {'B/token':>8s} {'vs raw':>7s} {'write MB/s':>11s} {'read MB/s':>10s} {'1 sample ms':>12s}")
     results = {}
     for name, (write, read_all, read_one) in formats.items():
-        with tempfile.TemporaryDirectory(dir=ROOT / "data") as scratch:
+        with tempfile.TemporaryDirectory(dir=args.root / "data") as scratch:
             folder = Path(scratch)
             start = time.perf_counter()
             write(samples, folder)
