@@ -1,7 +1,8 @@
 """`eagle3 plan`: disk, time and cost of the hero run before any money is spent.
 
 Not a DVC stage: it reads CLI flags (and `metrics/extract.json` for the measured compression ratio) and prints a
-table or JSON. Every number comes from one of the formulas below; docs/plan.md walks through the seed case.
+table or JSON. Every number comes from one of the formulas below; README.md ("Planning the hero run") walks
+through the seed case.
 
 Units: 1 GB = 1e9 bytes, 1 TB = 1e12 bytes, 1 Gbit/s = 1e9 bit/s (as links and disks are sold).
 
@@ -33,7 +34,7 @@ Scenarios (rented hours are what the bill counts; training itself is the same in
     B  ship text, extract on the rented box:   rented = (weights + text) / link + tokens / target_tokens_per_s
     C  online, no hidden states on disk:       rented = (weights + text) / link + epochs * tokens / target_tokens_per_s
 
-Break-even between A and B (both costs are linear in tokens N; B pays a fixed weights + nothing-per-byte start):
+Break-even between A and B (both costs are linear in tokens N; B also pays once to fetch the verifier weights):
     cost_A(N) = N * a,  a = stored_per_token / link * P + here_usd_per_token
     cost_B(N) = F + N * b,  F = weights / link * P,  b = (text_per_token / link + 1 / target_tokens_per_s) * P
     N* = F / (a - b) when a > b: A is cheaper below N*, B above. When a <= b, A is cheaper at any size.
