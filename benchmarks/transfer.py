@@ -87,6 +87,38 @@ def dvc_round(project: Path, remote: str, url: str, jobs: int, local_config: lis
     return push, pull
 
 
+def plain_s3(server: MotoS3, files: list[Path], jobs: int, scratch: Path) -> tuple[float, float]:
+    """Seconds to upload, then download, the same files with boto3 on `jobs` threads."""
+    client, prefix, back = server.client(), f"plain-{jobs}", scratch / f"s3-back-{jobs}"
+    back.mkdir()
+
+    def upload(path: Path) -> None:
+        client.upload_file(str(path), MotoS3.bucket, f"{prefix}/{path.name}")
+
+    def download(path: Path) -> None:
+        client.download_file(MotoS3.bucket, f"{prefix}/{path.name}", str(back / path.name))
+
+    with ThreadPoolExecutor(jobs) as pool:
+        up = timed(lambda: list(pool.map(upload, files)))
+        down = timed(lambda: list(pool.map(download, files)))
+    return up, down
+
+
+def plain_scp(server: Sshd, source: Path, remote_dir: Path) -> tuple[float, float]:
+    """Seconds of one `scp -r` up and one back, with DVC's cipher and no compression."""
+    known_hosts = server.home() / ".ssh" / "known_hosts"
+    options = ["-q", "-r", "-P", str(server.port), "-i", str(server.client_key), "-o", f"UserKnownHostsFile={known_hosts}",
+               "-o", "Compression=no", "-c", "aes128-gcm@openssh.com"]
+    target = f"{server.user}@127.0.0.1:{remote_dir}"
+    up = timed(lambda: run(source.parent, "scp", *options, str(source), target))
+    down = timed(lambda: run(source.parent, "scp", *options, target, str(remote_dir.with_name(remote_dir.name + "-back"))))
+    return up, down
+
+
+def rate(megabytes: float, seconds: float) -> str:
+    return f"{megabytes / seconds:6.0f} MB/s {megabytes * 8 / 1000 / seconds:4.2f}G"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=256)
@@ -117,22 +149,12 @@ def main() -> None:
                     if kind == "s3":
                         config = [["endpointurl", server.endpoint], ["access_key_id", S3_KEY_ID], ["secret_access_key", S3_SECRET]]
                         push, pull = dvc_round(project, "s3", f"s3://{MotoS3.bucket}/dvc-{jobs}", jobs, config)
-                        client, prefix = server.client(), f"plain-{jobs}"
-                        back = scratch / f"s3-back-{jobs}"
-                        back.mkdir()
-                        with ThreadPoolExecutor(jobs) as pool:
-                            plain_up = timed(lambda: list(pool.map(lambda f: client.upload_file(str(f), MotoS3.bucket, f"{prefix}/{f.name}"), files)))
-                            plain_down = timed(lambda: list(pool.map(lambda f: client.download_file(MotoS3.bucket, f"{prefix}/{f.name}", str(back / f.name)), files)))
+                        plain_up, plain_down = plain_s3(server, files, jobs, scratch)
                         plain = "boto3, J threads"
                     else:
-                        storage = scratch / f"ssh-storage-{jobs}"
-                        url = f"ssh://{server.user}@127.0.0.1:{server.port}{storage}"
-                        home = server.home()
+                        url = f"ssh://{server.user}@127.0.0.1:{server.port}{scratch / f'ssh-storage-{jobs}'}"
                         push, pull = dvc_round(project, "ssh", url, jobs, [["keyfile", str(server.client_key)]])
-                        ssh = ["-P", str(server.port), "-i", str(server.client_key), "-o", f"UserKnownHostsFile={home / '.ssh' / 'known_hosts'}",
-                               "-o", "Compression=no", "-c", "aes128-gcm@openssh.com", "-q"]
-                        plain_up = timed(lambda: run(scratch, "scp", *ssh, "-r", str(project / "shards"), f"{server.user}@127.0.0.1:{scratch / f'scp-{jobs}'}"))
-                        plain_down = timed(lambda: run(scratch, "scp", *ssh, "-r", f"{server.user}@127.0.0.1:{scratch / f'scp-{jobs}'}", str(scratch / f"scp-back-{jobs}")))
+                        plain_up, plain_down = plain_scp(server, project / "shards", scratch / f"scp-{jobs}")
                         plain = "one scp -r"
                     rows.append((kind, jobs, push, pull, plain_up, plain_down, plain))
             finally:
@@ -141,10 +163,8 @@ def main() -> None:
     mb = size / 1e6
     print(f"\n{'server':6} {'jobs':>4}  {'dvc push':>15} {'plain up':>15} {'ratio':>6}  {'dvc pull':>15} {'plain down':>15} {'ratio':>6}  plain copy")
     for kind, jobs, push, pull, up, down, plain in rows:
-        def rate(seconds: float) -> str:
-            return f"{mb / seconds:6.0f} MB/s {mb * 8 / 1000 / seconds:4.2f}G"
-
-        print(f"{kind:6} {jobs:>4}  {rate(push):>15} {rate(up):>15} {up / push:6.2f}  {rate(pull):>15} {rate(down):>15} {down / pull:6.2f}  {plain}")
+        print(f"{kind:6} {jobs:>4}  {rate(mb, push):>15} {rate(mb, up):>15} {up / push:6.2f}  "
+              f"{rate(mb, pull):>15} {rate(mb, down):>15} {down / pull:6.2f}  {plain}")
     print("ratio = dvc speed / plain-copy speed (1.00 = as fast); G = effective Gbit/s")
 
 

@@ -1,6 +1,7 @@
 """Real storage servers on 127.0.0.1 for the remote tests and benchmarks/transfer.py: moto's S3 server and
 Debian's OpenSSH sshd. Each runs as a child process that can be killed mid-transfer and restarted on its port."""
 
+import getpass
 import os
 import shutil
 import signal
@@ -120,7 +121,7 @@ class Sshd(Server):
         for key in (self.host_key, self.client_key):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
         shutil.copy(self.client_key.with_suffix(".pub"), self.workdir / "authorized_keys")
-        self.user = os.environ.get("USER") or "root"
+        self.user = getpass.getuser()
         self.config = self.workdir / "sshd_config"
         self.config.write_text(
             f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {self.host_key}\n"
