@@ -352,7 +352,9 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
                           config.ttt_steps, config.step_weight).to(world.device)
     model: nn.Module = objective
     if world.world > 1:
-        model = nn.parallel.DistributedDataParallel(objective, device_ids=[world.device.index] if world.device.type == "cuda" else None)
+        # Buffers (the verifier's head rows, aux_scale) are identical on every rank by construction: no broadcast.
+        model = nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False,
+                                                    device_ids=[world.device.index] if world.device.type == "cuda" else None)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=BatchPlan(sample_lengths(dataset), config.batch_size, config.epochs, config.seed, start,
                                          world.rank, world.world),

@@ -1,0 +1,82 @@
+"""Training throughput: real shards through the DataLoader vs the same batches already in memory.
+
+Both arms run the same optimizer steps of the real trainer (eagle3/train.py: Objective, BatchPlan, collate)
+from the same initial weights, in one process, alternating arms over several rounds; the data path's cost is
+the ratio of the two. Needs a project whose `extract` and `vocab` stages have run (default: this directory).
+
+    python benchmarks/train.py [--root .] [--steps 8] [--rounds 2] [--workers 1]
+"""
+
+import argparse
+import copy
+import time
+from pathlib import Path
+
+import torch
+
+from eagle3.config import load_params
+from eagle3.layout import read_provenance, verifier_dir
+from eagle3.model import Eagle3Draft
+from eagle3.train import BatchPlan, Objective, build, collate, measure_aux_scale, sample_lengths
+from eagle3.verifier_weights import load_verifier_tensors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=Path("."))
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per arm and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1, help="DataLoader worker processes")
+    args = parser.parse_args()
+    root = args.root.resolve()
+    config = load_params(root / "params.yaml").train
+    provenance = read_provenance(root)
+    draft_config, dataset, vocab = build(root, config, provenance)
+    verifier = load_verifier_tensors(verifier_dir(root))
+    draft_ids = torch.arange(len(vocab["d2t"])) + vocab["d2t"]
+    torch.manual_seed(config.seed)
+    initial = Eagle3Draft(draft_config)
+    initial.init_weights(torch.Generator().manual_seed(config.seed), verifier["lm_head"][draft_ids])
+    initial.aux_scale.copy_(measure_aux_scale(dataset, len(draft_config.aux_layer_ids)))
+    head_dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    lengths = sample_lengths(dataset)
+    plan = list(BatchPlan(lengths, config.batch_size, config.epochs, config.seed, 0, 0, 1))[: args.steps]
+
+    def steps(batches) -> tuple[float, int]:
+        draft = copy.deepcopy(initial)
+        objective = Objective(draft, verifier["embed"], verifier["lm_head"][draft_ids].to(head_dtype), vocab["t2d"],
+                              config.ttt_steps, config.step_weight)
+        optimizer = torch.optim.AdamW(draft.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), foreach=False)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16")
+        tokens, started = 0, time.perf_counter()
+        for batch in batches:
+            probs, top1, masks = objective.targets(batch)
+            counts = torch.stack([m.sum() for m in masks]).float()
+            with autocast:
+                loss, _, _ = objective(batch, probs, top1, masks, counts, 1)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), config.grad_clip)
+            optimizer.step()
+            tokens += batch["input_ids"].numel()
+        return time.perf_counter() - started, tokens
+
+    in_memory = [collate([dataset[i] for i in indices]) for indices in plan]
+    totals = {"shards + DataLoader": [0.0, 0], "tensors in memory": [0.0, 0]}
+    for _ in range(args.rounds):
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=plan, collate_fn=collate, num_workers=args.workers,
+                                             prefetch_factor=4 if args.workers else None)
+        for name, batches in (("shards + DataLoader", loader), ("tensors in memory", in_memory)):
+            seconds, tokens = steps(batches)
+            totals[name][0] += seconds
+            totals[name][1] += tokens
+    print(f"{args.steps} steps x {args.rounds} rounds, batch {config.batch_size}, ttt_steps {config.ttt_steps}, "
+          f"precision {config.precision}, {args.workers} DataLoader worker(s)")
+    for name, (seconds, tokens) in totals.items():
+        print(f"  {name:20s} {tokens / seconds:8.0f} padded tokens/s  ({seconds:.1f} s)")
+    ratio = totals["shards + DataLoader"][0] / totals["tensors in memory"][0]
+    print(f"data path cost: {100 * (ratio - 1):+.1f}% ({ratio:.3f}x the in-memory time; target <= +10%)")
+
+
+if __name__ == "__main__":
+    main()
