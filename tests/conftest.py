@@ -78,7 +78,7 @@ def copy_project(source: Path, root: Path, params: dict) -> Path:
 
 
 # Enough steps for the draft to learn the small training set: a trained draft must be accepted in vLLM.
-TRAIN_SMALL = {"ttt_steps": 3, "epochs": 12, "batch_size": 8, "learning_rate": 0.003, "min_learning_rate": 0.0003,
+TRAIN_SMALL = {"ttt_steps": 3, "epochs": 16, "batch_size": 8, "learning_rate": 0.004, "min_learning_rate": 0.0003,
                "warmup_steps": 4, "checkpoint_every": 8, "log_every": 2, "num_workers": 1}
 
 
