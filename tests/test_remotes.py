@@ -18,7 +18,7 @@ from servers import S3_KEY_ID, S3_SECRET, MotoS3, Sshd
 
 pytestmark = pytest.mark.slow
 
-SHARDS, SAMPLES_PER_SHARD = 12, 2
+SHARDS, SAMPLES_PER_SHARD = 24, 2
 MAKE_SHARDS = f'''"""Stage `shards`: deterministic random hidden states in eagle3 shards, {SHARDS} files."""
 from pathlib import Path
 
@@ -33,7 +33,7 @@ meta = ShardMeta(verifier="test", layer_ids=(2, 15, 27, 30), hidden_size=256, to
 for shard in range({SHARDS}):
     with ShardWriter(out / f"shard-{{shard:03d}}.e3sh", meta) as writer:
         for sample in range({SAMPLES_PER_SHARD}):
-            tokens = 192
+            tokens = 128
             hidden = (torch.randn(4, tokens, 256, generator=generator) * 3).to(torch.bfloat16)
             ids = torch.randint(0, 49152, (tokens,), generator=generator)
             writer.add(f"s{{shard}}-{{sample}}", ids, torch.rand(tokens, generator=generator) > 0.3, hidden)
@@ -77,7 +77,7 @@ def _verify_shards(shards: Path, expected: dict[str, str]) -> None:
         reader = ShardReader(path)
         assert len(reader) == SAMPLES_PER_SHARD
         for position in range(len(reader)):
-            assert reader.read(position).hidden.shape == (4, 192, 256)
+            assert reader.read(position).hidden.shape == (4, 128, 256)
         reader.close()
 
 
