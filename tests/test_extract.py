@@ -86,6 +86,11 @@ def test_loss_mask_covers_exactly_the_assistant_turns(extracted):
         multi_turn += sum(m["role"] == "assistant" for m in record["messages"]) > 1
     # Every ok record is there but the long prompt, whose answer lies past max_seq_len (see test_metrics_and_index).
     assert multi_turn >= 1 and len(dataset) == len(records) - 1
+    # Batches run shortest first, but records stay in plan (prepared) order.
+    stored = [dataset[position]["id"] for position in range(len(dataset))]
+    assert stored == [sample_id for sample_id in records if sample_id in set(stored)]
+    lengths = [len(dataset[position]["input_ids"]) for position in range(len(dataset))]
+    assert lengths != sorted(lengths)  # else plan order and length order could not be told apart
 
 
 def test_metrics_and_index(extracted):
