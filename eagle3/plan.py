@@ -105,7 +105,7 @@ class Inputs:
 
 def verifier_shape(spec: str) -> VerifierShape:
     """A preset name, or a Hugging Face config.json (a multimodal one's `text_config` is used). The weights' size
-    comes from model.safetensors.index.json beside it when there is one."""
+    comes from model.safetensors.index.json beside it, else from the *.safetensors files there."""
     if spec in PRESETS:
         return PRESETS[spec]
     path = Path(spec)
@@ -127,6 +127,8 @@ def verifier_shape(spec: str) -> VerifierShape:
             weights = float(json.loads(index.read_text())["metadata"]["total_size"])
         except (OSError, ValueError, KeyError, TypeError):
             weights = None
+    if weights is None:
+        weights = float(sum(f.stat().st_size for f in path.parent.glob("*.safetensors"))) or None
     name = config.get("_name_or_path") or str(path.parent)
     return VerifierShape(name, hidden, layers, vocab, intermediate, None, None, weights)
 
@@ -203,7 +205,7 @@ def inputs_from_args(args: argparse.Namespace) -> Inputs:
         _positive("--weights-gb", args.weights_gb)
         verifier = VerifierShape(**{**asdict(verifier), "weights_bytes": args.weights_gb * GB})
     if verifier.weights_bytes is None:
-        raise Eagle3Error(f"verifier {args.verifier!r}: weights size unknown (no model.safetensors.index.json beside it): pass --weights-gb")
+        raise Eagle3Error(f"verifier {args.verifier!r}: weights size unknown (no safetensors beside its config.json): pass --weights-gb")
 
     _positive("--probe-mb", args.probe_mb)
     link_gbit, link_efficiency = args.link_gbit, args.link_efficiency
@@ -366,7 +368,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _size(value: float | None) -> str:
     if value is None:
         return "n/a"
-    return f"{value / TB:,.2f} TB" if value >= TB else f"{value / GB:,.1f} GB"
+    if value >= TB:
+        return f"{value / TB:,.2f} TB"
+    return f"{value / GB:,.1f} GB" if value >= GB else f"{value / 1e6:,.1f} MB"
 
 
 def _hours(seconds: float | None) -> str:

@@ -179,3 +179,16 @@ def test_link_measured_on_a_real_s3_server(tmp_path):
         assert server.object_count() == 0  # the probe is deleted
     finally:
         server.kill()
+
+
+def test_verifier_dir_without_index_sums_its_safetensors(tmp_path):
+    model = tmp_path / "dense"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152}))
+    args = ("--verifier", str(model), "--samples", "10", "--mean-tokens", "100", "--compression-ratio", "1.5", "--extract-tokens-per-s", "1000")
+    assert "weights size unknown (no safetensors beside its config.json): pass --weights-gb" in _error(tmp_path, *args)
+    (model / "model-00001.safetensors").write_bytes(b"\0" * 12_345)
+    (model / "model-00002.safetensors").write_bytes(b"\0" * 655)
+    plan = _plan(tmp_path, *args)
+    assert plan["verifier_weights_bytes"] == 13_000 and plan["bytes_per_token"] == 4 * 576 * 2
+    assert plan["draft_params"] == 10 * 576**2 + 3 * 576 * 4 * 576 + 32000 * 576  # intermediate defaults to 4 x hidden
