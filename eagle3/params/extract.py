@@ -32,6 +32,8 @@ class ExtractParams(Section):
     # Sequences are batched up to this many (padded) tokens per forward pass.
     batch_tokens: PositiveInt = 8192
     # A shard closes once its raw hidden states reach this size (~1 GB at scale; a shard is the unit of resume).
+    # Batches run shortest first within a shard and are written back in plan order: up to one shard's raw
+    # states wait in memory.
     shard_raw_mb: PositiveInt = 1024
     compression_level: int = Field(1, ge=1, le=19)
     compression_threads: PositiveInt = 2
