@@ -155,7 +155,8 @@ def run(params, root: Path, options=None) -> None:
     engine = Engine(verifier=str(verifier_dir(root)), max_model_len=config.vllm.max_model_len,
                     cpu_kvcache_space_gib=config.vllm.cpu_kvcache_space_gib,
                     gpu_memory_utilization=config.vllm.gpu_memory_utilization, enforce_eager=config.vllm.enforce_eager,
-                    tensor_parallel_size=config.vllm.tensor_parallel_size, dtype=provenance.get("dtype", "bfloat16"),
+                    tensor_parallel_size=config.vllm.tensor_parallel_size,
+                    dtype=provenance.get("dtype", "bfloat16") if config.vllm.dtype == "auto" else config.vllm.dtype,
                     trust_remote_code=provenance.get("trust_remote_code", False), seed=config.seed)
     samplings = [Sampling(0.0, config.max_tokens, config.seed), Sampling(config.temperature, config.max_tokens, config.seed)]
     plan: list[tuple[str, int | None, Speculation | None]] = [("none", None, None)]

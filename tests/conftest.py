@@ -78,8 +78,8 @@ def copy_project(source: Path, root: Path, params: dict) -> Path:
 
 
 # Enough steps for the draft to learn the small training set: a trained draft must be accepted in vLLM.
-TRAIN_SMALL = {"ttt_steps": 3, "epochs": 16, "batch_size": 8, "learning_rate": 0.004, "min_learning_rate": 0.0003,
-               "warmup_steps": 4, "checkpoint_every": 8, "log_every": 2, "num_workers": 1}
+TRAIN_SMALL = {"ttt_steps": 3, "epochs": 16, "batch_size": 8, "learning_rate": 0.003, "min_learning_rate": 0.0003,
+               "warmup_steps": 8, "checkpoint_every": 8, "log_every": 2, "num_workers": 1}
 
 
 def draft_params(**train) -> dict:
@@ -90,7 +90,7 @@ def draft_params(**train) -> dict:
     params["vocab"] = {"draft_vocab_size": 2048}
     params["train"] = {**TRAIN_SMALL, **train}
     params["evaluate"] = {"num_speculative_tokens": [3], "max_tokens": 32, "max_prompts": 8,
-                          "vllm": {"max_model_len": 512, "cpu_kvcache_space_gib": 1}}
+                          "vllm": {"max_model_len": 512, "cpu_kvcache_space_gib": 1, "dtype": "float32"}}
     return params
 
 

@@ -64,7 +64,7 @@ def _final_state(root):
 
 
 def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
-    short = {"epochs": 3, "checkpoint_every": 2}
+    short = {"epochs": 2, "checkpoint_every": 2}
     reference = copy_project(extracted_real, tmp_path / "reference", draft_params(**short))
     eagle3(reference, "train")
     killed = copy_project(extracted_real, tmp_path / "killed", draft_params(**short))
@@ -130,7 +130,7 @@ def _untrained_draft(root, directory):
 
 def test_vllm_serves_the_draft_losslessly_and_training_makes_it_accepted(trained, tmp_path):
     prompts = _prompts(trained, 16)
-    engine = Engine(verifier=str(trained / "models/verifier"), max_model_len=512, cpu_kvcache_space_gib=1)
+    engine = Engine(verifier=str(trained / "models/verifier"), max_model_len=512, cpu_kvcache_space_gib=1, dtype="float32")
     greedy = [Sampling(temperature=0.0, max_tokens=32)]
     plain = run(Request(engine, None, prompts, greedy))[0]
     outcomes = {}

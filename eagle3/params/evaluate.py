@@ -1,5 +1,7 @@
 """params.yaml `evaluate:` — how the draft is measured inside vLLM."""
 
+from typing import Literal
+
 from pydantic import Field, PositiveInt, field_validator
 
 from eagle3.params.base import Section
@@ -12,6 +14,10 @@ class NgramBaseline(Section):
 
 
 class EvalEngine(Section):
+    # The verifier's dtype in these runs ("auto": the checkpoint's). In bf16, verifying k+1 tokens at once rounds
+    # differently from decoding one, so near-tied greedy choices can flip (6 of 16 short completions differed on
+    # CPU): float32 keeps the lossless check about speculation, not rounding. On GPUs at scale: auto.
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: PositiveInt = 2048
     tensor_parallel_size: PositiveInt = 1
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
