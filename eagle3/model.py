@@ -205,7 +205,7 @@ class Eagle3Draft(nn.Module):
         Returns per step i the pre-norm features [B, T, H] where position t predicts token t+2+i
         (`logits` turns them into draft-vocab logits; the trainer does so only where the loss counts)."""
         batch, tokens = input_ids.shape
-        hidden = self.fc(aux / self.aux_scale.to(aux.dtype))
+        hidden = self.fc(aux.to(self.aux_scale.dtype) / self.aux_scale)  # shards hold bf16; the scale is fp32
         positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
         cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         features = []
