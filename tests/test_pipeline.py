@@ -1,5 +1,6 @@
 """The DVC wiring, exercised in a real git + DVC repository in a temporary directory."""
 
+import csv
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from conftest import make_project, write_params
+from eagle3.synthetic import iter_records
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +72,7 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     outs = {out["path"] for stage in lock["stages"].values() for out in stage.get("outs", [])}
     assert {"models/draft/config.json", "models/draft/model.safetensors", "models/draft/README.md",
             "checkpoints", "data/vocab", "reports/lineage.json"} <= outs
+    check_evaluation(root, prompts=8, temperature=0.7)
     plots = _run(root, "dvc", "plots", "show", "--json")
     assert "metrics/eval/tokens_per_step.csv" in plots and "metrics/train/plots/metrics" in plots
 
@@ -88,3 +91,40 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     _run(root, "rm", "-rf", "data/prepared")
     _run(root, "dvc", "checkout")
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
+
+
+def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
+    """metrics/eval.json of the smoke pipeline: figures consistent with vLLM's counters, lossless greedy output,
+    no evaluated prompt among the training prompts, plot files and figure written."""
+    metrics = json.loads((root / "metrics/eval.json").read_text())
+    runs = {(r["method"], r["k"], r["temperature"]): r for r in metrics["runs"]}
+    temperatures = (0.0, temperature)
+    assert set(runs) == {(m, k, t) for m, k in (("none", None), ("eagle3", 3), ("ngram", 3)) for t in temperatures}
+    for run in metrics["runs"]:
+        assert run["prompts"] == prompts and run["output_tokens"] > 0
+        steps = run["output_tokens"] - run["accepted_tokens"]
+        assert run["verifier_steps"] == steps and run["tokens_per_step"] == round(run["output_tokens"] / steps, 4)
+        if run["num_drafts"]:
+            assert run["mean_acceptance_length"] == round(1 + run["accepted_tokens"] / run["num_drafts"], 4)
+            assert run["accepted_tokens"] == round(sum(run["acceptance_by_position"]) * run["num_drafts"])
+    none = runs[("none", None, 0.0)]
+    assert none["tokens_per_step"] == 1.0 and none["accepted_tokens"] == 0 and none["num_drafts"] == 0
+    draft = runs[("eagle3", 3, 0.0)]
+    assert draft["lossless_identical"] == prompts, "greedy output with the draft must equal the verifier's own"
+    assert draft["num_drafts"] > 0 and len(draft["acceptance_by_position"]) == 3
+    headline = metrics["headline"]
+    assert headline["tokens_per_step_k3_greedy"] == draft["tokens_per_step"]
+    assert headline["ngram_tokens_per_step_k3_greedy"] == runs[("ngram", 3, 0.0)]["tokens_per_step"]
+    offline = metrics["offline_estimate"]
+    assert offline["positions"] > 0 and 1.0 <= offline["tokens_per_step"] <= 4.0
+    assert offline["gap"] == round(offline["tokens_per_step"] - draft["tokens_per_step"], 4)
+    evaluated = set(metrics["prompts"]["prompt_hashes"])
+    trained_on = {record["prompt_hash"] for record in iter_records(root, "train")}
+    assert len(evaluated) == prompts and trained_on and not evaluated & trained_on
+    with open(root / "metrics/eval/tokens_per_step.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows == [{"k": "3", "eagle3_greedy": str(draft["tokens_per_step"]),
+                     "ngram_greedy": str(runs[("ngram", 3, 0.0)]["tokens_per_step"]),
+                     "eagle3_sampled": str(runs[("eagle3", 3, temperature)]["tokens_per_step"]),
+                     "ngram_sampled": str(runs[("ngram", 3, temperature)]["tokens_per_step"])}]
+    assert (root / "reports/eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
