@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ def _run(root: Path, *command: str) -> str:
 
 
 def _ran(output: str) -> list[str]:
-    return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage")]
+    # Anywhere in a line: DVC may print a progress line without a newline before the first stage.
+    return re.findall(r"Running stage '([^']+)'", output)
 
 
 def test_repro_is_complete_idempotent_and_precise(tmp_path):
