@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,7 +271,17 @@ def open_log(root: Path, resume_step: int | None):
         for tsv in (log_dir / "plots" / "metrics").rglob("*.tsv"):
             lines = tsv.read_text(encoding="utf-8").splitlines(keepends=True)
             tsv.write_text("".join(lines[:1] + [line for line in lines[1:] if int(line.split("\t")[0]) <= resume_step]))
-    return Live(dir=str(log_dir), resume=resume_step is not None, save_dvc_exp=False, dvcyaml=None, report=None)
+    # DVC runs this stage, so DVCLive's own DVC/git integration (experiments, dvc.yaml) stays off. It would still
+    # open the repository from the working directory, and that fails in a git repository without commits
+    # (scmrepo: "Empty git repo"); built from a neutral directory with an absolute `dir`, it only writes its files.
+    previous = Path.cwd()
+    with tempfile.TemporaryDirectory() as neutral:
+        os.chdir(neutral)
+        try:
+            return Live(dir=str(log_dir.resolve()), resume=resume_step is not None, save_dvc_exp=False, dvcyaml=None,
+                        report=None)
+        finally:
+            os.chdir(previous)
 
 
 # ---- the stage ---------------------------------------------------------------------------------------------
