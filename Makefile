@@ -11,12 +11,12 @@ WHEELS := $(wildcard /opt/wheels)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@set -euo pipefail; \
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then extra=cuda; else extra=cpu; fi; \
 	echo "eagle3 setup: installing with extra [$$extra]"; \
-	$(PY) -m pip install --quiet $(if $(WHEELS),--find-links $(WHEELS)) -e ".[$$extra,test]" 2>&1 \
+	$(PY) -m pip install --quiet $(if $(WHEELS),--find-links $(WHEELS)) -c constraints.txt -e ".[$$extra,test]" 2>&1 \
 	  | { grep -v "is ignored: it is neither a file nor a directory" || true; }; \
 	if [ "$$extra" = cpu ]; then \
 	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true; \
