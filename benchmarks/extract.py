@@ -27,24 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagle3.config import load_params  # noqa: E402
-from eagle3.extract import HfHiddenStates, _length_sorted_batches, _sequences, in_plan_order, layer_ids  # noqa: E402
+from eagle3.extract import HfHiddenStates, _length_sorted_batches, cut_batches, _sequences, in_plan_order, layer_ids  # noqa: E402
 from eagle3.layout import read_provenance, verifier_dir  # noqa: E402
 from eagle3.shards import ShardMeta, ShardWriter  # noqa: E402
 
 
 def plan_order_batches(sequences, batch_tokens: int) -> list[list[int]]:
     """The baseline: consecutive sequences in plan order, cut at the same padded-token budget."""
-    batches, current, longest = [], [], 0
-    for position, sequence in enumerate(sequences):
-        length = len(sequence.input_ids)
-        if current and (len(current) + 1) * max(longest, length) > batch_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(position)
-        longest = max(longest, length)
-    if current:
-        batches.append(current)
-    return batches
+    return cut_batches(sequences, list(range(len(sequences))), batch_tokens)
 
 
 def padded_tokens(sequences, batches) -> int:

@@ -178,7 +178,11 @@ def _length_sorted_batches(sequences: list[Sequence], batch_tokens: int) -> list
     """Positions in `sequences`, shortest first, cut into batches of up to `batch_tokens` padded tokens: a batch
     pads to its longest sequence, so neighbours in length waste little (default data, batch_tokens 8192: 1.02x
     padded tokens per real token, vs 1.55x in plan order)."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].input_ids))
+    return cut_batches(sequences, sorted(range(len(sequences)), key=lambda i: len(sequences[i].input_ids)), batch_tokens)
+
+
+def cut_batches(sequences: list[Sequence], order: list[int], batch_tokens: int) -> list[list[int]]:
+    """Positions in `order`, cut into consecutive batches whose padded size (count x longest) fits `batch_tokens`."""
     batches, current, longest = [], [], 0
     for position in order:
         length = len(sequences[position].input_ids)
