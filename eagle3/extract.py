@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from eagle3.errors import Eagle3Error
-from eagle3.files import resume_or_reset, write_json
+from eagle3.files import measured_run, resume_or_reset, write_json
 from eagle3.hashing import sha256_file
 from eagle3.layout import HIDDEN_DIR, METRICS_DIR, SYNTHETIC_DIR, read_provenance, verifier_dir
 from eagle3.params.extract import ExtractParams
@@ -242,14 +242,6 @@ class HfHiddenStates:
         del self.model
 
 
-def _previous_run(path: Path) -> dict[str, Any] | None:
-    try:
-        previous = json.loads(path.read_text(encoding="utf-8")).get("this_run")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
-    return previous if isinstance(previous, dict) and previous.get("tokens") else None
-
-
 def _write_index_and_metrics(root: Path, out: Path, plans: list[ShardPlan], meta: ShardMeta, counts: Counter,
                              done_tokens: int, elapsed: float) -> None:
     index: dict[str, list[dict[str, Any]]] = {}
@@ -277,12 +269,11 @@ def _write_index_and_metrics(root: Path, out: Path, plans: list[ShardPlan], meta
         "compression_ratio": round(per_token * totals["tokens"] / max(totals["bytes"], 1), 3),
         "truncated": counts["truncated"],
         "skipped": {k.removeprefix("skipped_"): v for k, v in sorted(counts.items()) if k.startswith("skipped_")},
-        "this_run": {"tokens": done_tokens, "seconds": round(elapsed, 2),
-                     "tokens_per_s": round(done_tokens / elapsed, 1) if done_tokens and elapsed > 0 else None},
+        # A rerun that found every shard finished measured nothing: it reports the run that did the work.
+        "this_run": measured_run(root, "extract", {
+            "tokens": done_tokens, "seconds": round(elapsed, 2),
+            "tokens_per_s": round(done_tokens / elapsed, 1) if done_tokens and elapsed > 0 else None}, bool(done_tokens)),
     }
-    if not done_tokens:
-        # A rerun that found every shard finished measured nothing: keep the throughput of the run that did the work.
-        metrics["this_run"] = _previous_run(root / METRICS) or metrics["this_run"]
     write_json(root / METRICS, metrics)
     step(f"extracted {metrics['samples']} sequences, {metrics['tokens']} tokens: {metrics['bytes_on_disk'] / 2**20:.1f} MiB "
          f"({metrics['compression_ratio']}x smaller than raw); "

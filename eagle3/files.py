@@ -56,3 +56,23 @@ def resume_or_reset(out: Path, key: str, settings: dict[str, Any]) -> bool:
     for partial in out.rglob("*.partial"):
         partial.unlink()
     return kept
+
+
+RUN_RECORDS = Path(".eagle3/last_run")
+
+
+def measured_run(root: Path, stage: str, this_run: dict[str, Any], did_work: bool) -> dict[str, Any]:
+    """A stage's `this_run` throughput: this run's own if it did work (and remembered), else the last one remembered.
+
+    The record lives in the git-ignored .eagle3/last_run/, outside DVC's outputs: `dvc repro` deletes a stage's
+    metrics file before running it, and a timing inside a data output would change that output's hash.
+    """
+    record = root / RUN_RECORDS / f"{stage}.json"
+    if did_work:
+        write_json(record, this_run)
+        return this_run
+    try:
+        remembered = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return this_run
+    return remembered if isinstance(remembered, dict) else this_run

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from eagle3.errors import Eagle3Error
-from eagle3.files import resume_or_reset, write_json
+from eagle3.files import measured_run, resume_or_reset, write_json
 from eagle3.hashing import sha256_file
 from eagle3.layout import METRICS_DIR, PREPARED_DIR, SYNTHETIC_DIR, read_provenance, verifier_dir
 from eagle3.params.generate import GenerateParams
@@ -278,12 +278,13 @@ def _write_metrics(root: Path, out: Path, config: GenerateParams, stats: Counter
         "truncated_conversations": dict(sorted(truncated.items())),
         "finish_reasons": dict(sorted(finish.items())),
         "turns_with_reasoning": dict(sorted(reasoning.items())),
-        "this_run": {
+        # A rerun that found every part finished measured nothing: it reports the run that did the work.
+        "this_run": measured_run(root, "generate", {
             "samples": stats["samples"],
             "completion_tokens": stats["completion_tokens"],
             "generation_seconds": round(elapsed, 2),
             "completion_tokens_per_s": round(stats["completion_tokens"] / elapsed, 1) if elapsed > 0 and stats["samples"] else None,
-        },
+        }, bool(stats["samples"])),
     }
     write_json(root / METRICS, metrics)
     step(
