@@ -17,7 +17,7 @@ import torch
 from eagle3.config import load_params
 from eagle3.layout import read_provenance, verifier_dir
 from eagle3.model import Eagle3Draft
-from eagle3.train import BatchPlan, Objective, build, collate, measure_aux_scale, sample_lengths
+from eagle3.train import BatchPlan, Objective, build, collate, make_optimizer, measure_aux_scale, sample_lengths
 from eagle3.verifier_weights import load_verifier_tensors
 
 
@@ -46,7 +46,7 @@ def main() -> None:
         draft = copy.deepcopy(initial)
         objective = Objective(draft, verifier["embed"], verifier["lm_head"][draft_ids].to(head_dtype), vocab["t2d"],
                               config.ttt_steps, config.step_weight)
-        optimizer = torch.optim.AdamW(draft.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), foreach=False)
+        optimizer = make_optimizer(draft, config)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16")
         tokens, started = 0, time.perf_counter()
         for batch in batches:

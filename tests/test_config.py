@@ -15,7 +15,7 @@ def test_shipped_params_load():
     smoke = load_params(SMOKE_PARAMS)
     assert default.verifier.source.kind == "pypi-gguf"
     assert default.prepare.sources[0].path == "data/prompts/eagle3-prompts.jsonl"
-    assert smoke.prepare.max_rows == 96 and default.prepare.max_rows == 1600
+    assert smoke.prepare.max_rows == 96 and default.prepare.max_rows == 1280
 
 
 def _set(params: dict, dotted: str, value) -> dict:
