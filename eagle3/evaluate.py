@@ -13,7 +13,8 @@ Output tokens/s is wall time on this machine: on CPU, speculation is usually slo
 
 Offline estimate: the exported draft unrolled (training-time test) over the held-out hidden states; at each
 position the accepted length is the number of leading draft steps whose top-1 equals the verifier's top-1,
-so expected tokens per step = 1 + mean accepted length. It is written beside the vLLM figure with the gap.
+so expected tokens per step = 1 + mean accepted length. It is written beside the vLLM figure with the gap,
+and its acceptance by position beside vLLM's (where the two part tells at which draft depth they differ).
 
 Prompts are the held-out split from prepare (first user turn); the stage refuses to run if any of them is
 also a training prompt.
@@ -142,6 +143,8 @@ def offline_estimate(root: Path, steps: int) -> dict[str, Any]:
         "positions": positions,
         "tokens_per_step": round(1 + float(lengths.mean()), 4),
         "top1_agreement_by_position": [round(float(c) / max(positions, 1), 4) for c in per_step_correct],
+        # Draft position i accepted = steps 0..i all agree: the analogue of vLLM's acceptance by position.
+        "acceptance_by_position": [round(float((lengths > i).float().mean()), 4) for i in range(steps)],
     }
 
 
