@@ -12,9 +12,11 @@ Lossless: greedy completions with speculation identical to the verifier's own gr
 Output tokens/s is wall time on this machine: on CPU, speculation is usually slower in wall time.
 
 Offline estimate: the exported draft unrolled (training-time test) over the held-out hidden states; at each
-position the accepted length is the number of leading draft steps whose top-1 equals the verifier's top-1,
-so expected tokens per step = 1 + mean accepted length. It is written beside the vLLM figure with the gap,
-and its acceptance by position beside vLLM's (where the two part tells at which draft depth they differ).
+position the accepted length is the number of leading draft steps whose top-1 equals the verifier's top-1.
+Each answer is then decoded as vLLM decodes (`_walk_answers`), giving tokens per verifier step, mean
+acceptance length and acceptance by position computed as vLLM computes them. It is written beside the vLLM
+figure with the gap; what remains of the gap is the population (every turn of the held-out conversations
+vs the first `max_tokens` of the first turns).
 
 Prompts are the held-out split from prepare (first user turn); the stage refuses to run if any of them is
 also a training prompt.
@@ -116,7 +118,8 @@ def offline_estimate(root: Path, steps: int) -> dict[str, Any]:
     embed = torch.nn.Embedding.from_pretrained(verifier["embed"].float())
     head = verifier["lm_head"].float()
     draft_to_target = torch.arange(len(d2t)) + d2t
-    accepted_lengths, per_step_correct, positions = [], torch.zeros(steps), 0
+    per_step_correct, positions = torch.zeros(steps), 0
+    walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0] * steps}
     for sample in HiddenStateDataset(shards):
         ids, mask, hidden = sample["input_ids"], sample["loss_mask"], sample["hidden"].float()
         tokens = len(ids)
@@ -130,22 +133,47 @@ def offline_estimate(root: Path, steps: int) -> dict[str, Any]:
             guess = draft_to_target[draft.logits(feature[0]).argmax(-1)]
             valid = tokens - 1 - i
             correct[:valid, i] = guess[:valid] == verifier_top1[1 + i : 1 + i + valid]
-        # Positions whose first drafted token is an answer token (as in vLLM, drafting happens while answering).
+        # Positions whose first drafted token is an answer token.
         counted = torch.zeros(tokens, dtype=torch.bool)
         counted[: tokens - 2] = mask[2:]
-        leading = correct.int().cumprod(-1).sum(-1)
-        accepted_lengths.append(leading[counted].float())
         per_step_correct += correct[counted].float().sum(0)
         positions += int(counted.sum())
-    lengths = torch.cat(accepted_lengths)
+        _walk_answers(correct.int().cumprod(-1).sum(-1).tolist(), mask.tolist(), walk)
     return {
         "k": steps,
         "positions": positions,
-        "tokens_per_step": round(1 + float(lengths.mean()), 4),
+        "drafts": walk["drafts"],
+        "tokens_per_step": round(walk["output"] / max(walk["output"] - walk["accepted"], 1), 4),
+        "mean_acceptance_length": round(1 + walk["accepted"] / max(walk["drafts"], 1), 4),
+        "acceptance_by_position": [round(n / max(walk["drafts"], 1), 4) for n in walk["by_position"]],
         "top1_agreement_by_position": [round(float(c) / max(positions, 1), 4) for c in per_step_correct],
-        # Draft position i accepted = steps 0..i all agree: the analogue of vLLM's acceptance by position.
-        "acceptance_by_position": [round(float((lengths > i).float().mean()), 4) for i in range(steps)],
     }
+
+
+def _walk_answers(leading: list[int], answer: list[bool], walk: dict[str, Any]) -> None:
+    """Decode each answer (a run of loss-masked tokens) as vLLM does: the draft at position t (its input is token
+    t+1) proposes tokens t+2.., the verifier accepts the leading matches and adds one token, the next draft starts
+    after them. Averaging over every position instead overstates vLLM's figure: hard tokens cluster at the
+    positions drafting restarts from (measured on vLLM's own completions: every-position 1.73 vs walk 1.588 vs
+    vLLM 1.590)."""
+    tokens, start = len(answer), 0
+    while start < tokens:
+        if not answer[start]:
+            start += 1
+            continue
+        end = start
+        while end < tokens and answer[end]:
+            end += 1
+        walk["output"] += end - start
+        position = start - 1
+        while position >= 0 and position + 2 <= end - 1:
+            accepted = min(leading[position], end - 2 - position)
+            walk["drafts"] += 1
+            walk["accepted"] += accepted
+            for i in range(accepted):
+                walk["by_position"][i] += 1
+            position += accepted + 1
+        start = end
 
 
 def run(params, root: Path, options=None) -> None:

@@ -45,3 +45,17 @@ def test_per_token_expansion_repeats_each_request_value_over_its_draft_tokens():
     assert torch.equal(expanded, torch.tensor([0.7, 0.7, 1.0, 0.5, 0.5]))
     top_k = _expand_per_token(torch.tensor([5, 7]), torch.tensor([1, 4]), 4)
     assert torch.equal(top_k, torch.tensor([5, 7, 7, 7]))
+
+
+def test_offline_walk_decodes_each_answer_as_vllm_does():
+    """Prompt of 2 tokens, answer of 5 (tokens 2-6), a second turn's answer of 3 (tokens 9-11). vLLM drafts from
+    position 1 (input token 2): 2 leading matches accepted, the verifier adds token 5; from position 4 only token
+    6 is left to check. The second answer's first draft (position 8) is rejected, the next (position 9) accepts
+    its one checkable token."""
+    from eagle3.evaluate import _walk_answers
+
+    answer = [False, False, True, True, True, True, True, False, False, True, True, True]
+    leading = [3, 2, 0, 0, 3, 3, 3, 3, 0, 3, 3, 3]
+    walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0, 0, 0]}
+    _walk_answers(leading, answer, walk)
+    assert walk == {"output": 8, "accepted": 4, "drafts": 4, "by_position": [3, 1, 0]}

@@ -132,8 +132,8 @@ def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
     assert offline["positions"] > 0 and 1.0 <= offline["tokens_per_step"] <= 4.0
     assert offline["gap"] == round(offline["tokens_per_step"] - draft["tokens_per_step"], 4)
     leading = offline["acceptance_by_position"]
-    assert len(leading) == 3 and leading == sorted(leading, reverse=True)
-    assert abs(1 + sum(leading) - offline["tokens_per_step"]) < 3e-4  # E[accepted] = sum of P(accepted > i)
+    assert offline["drafts"] > 0 and len(leading) == 3 and leading == sorted(leading, reverse=True)
+    assert abs(1 + sum(leading) - offline["mean_acceptance_length"]) < 3e-4  # E[accepted] = sum of P(accepted > i)
     evaluated = set(metrics["prompts"]["prompt_hashes"])
     trained_on = {record["prompt_hash"] for record in iter_records(root, "train")}
     assert len(evaluated) == prompts and trained_on and not evaluated & trained_on
