@@ -9,7 +9,6 @@ the ratio of the two. Needs a project whose `extract` and `vocab` stages have ru
 
 import argparse
 import copy
-import time
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from eagle3.layout import read_provenance, verifier_dir
 from eagle3.model import Eagle3Draft
 from eagle3.train import BatchPlan, Objective, build, collate, make_optimizer, measure_aux_scale, sample_lengths
 from eagle3.verifier_weights import load_verifier_tensors
+from training_loop import timed_steps
 
 
 def main() -> None:
@@ -46,20 +46,7 @@ def main() -> None:
         draft = copy.deepcopy(initial)
         objective = Objective(draft, verifier["embed"], verifier["lm_head"][draft_ids].to(head_dtype), vocab["t2d"],
                               config.ttt_steps, config.step_weight)
-        optimizer = make_optimizer(draft, config)
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16")
-        tokens, started = 0, time.perf_counter()
-        for batch in batches:
-            probs, top1, masks = objective.targets(batch)
-            counts = torch.stack([m.sum() for m in masks]).float()
-            with autocast:
-                loss, _, _ = objective(batch, probs, top1, masks, counts, 1)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), config.grad_clip)
-            optimizer.step()
-            tokens += batch["input_ids"].numel()
-        return time.perf_counter() - started, tokens
+        return timed_steps(objective, make_optimizer(draft, config), batches, config)
 
     in_memory = [collate([dataset[i] for i in indices]) for indices in plan]
     totals = {"shards + DataLoader": [0.0, 0], "tensors in memory": [0.0, 0]}

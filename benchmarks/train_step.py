@@ -11,7 +11,6 @@ Each vocab is built as the vocab stage builds it (eagle3/vocab.py). Needs a proj
 """
 
 import argparse
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from eagle3.model import Eagle3Draft
 from eagle3.train import BatchPlan, Objective, build, collate, make_optimizer, sample_lengths
 from eagle3.verifier_weights import load_verifier_tensors
 from eagle3.vocab import count_tokens, mapping, select
+from training_loop import timed_steps
 
 
 def main() -> None:
@@ -56,19 +56,7 @@ def main() -> None:
         draft.init_weights(torch.Generator().manual_seed(config.seed), verifier["lm_head"][draft_ids])
         objective = Objective(draft, verifier["embed"], verifier["lm_head"][draft_ids].to(torch.bfloat16), t2d,
                               config.ttt_steps, config.step_weight)
-        optimizer = optimizer_factory(draft)
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16")
-        started = time.perf_counter()
-        for batch in batches:
-            probs, top1, masks = objective.targets(batch)
-            counts = torch.stack([m.sum() for m in masks]).float()
-            with autocast:
-                loss, _, _ = objective(batch, probs, top1, masks, counts, 1)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), config.grad_clip)
-            optimizer.step()
-        return time.perf_counter() - started
+        return timed_steps(objective, optimizer_factory(draft), batches, config)[0]
 
     arms = [(size, name, factory) for size in args.vocab
             for name, factory in (("per-parameter AdamW", per_parameter_adamw), ("fused AdamW", fused_adamw))]
