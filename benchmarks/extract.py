@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagle3.config import load_params  # noqa: E402
-from eagle3.extract import HfHiddenStates, _length_sorted_batches, cut_batches, _sequences, in_plan_order, layer_ids  # noqa: E402
-from eagle3.layout import read_provenance, verifier_dir  # noqa: E402
-from eagle3.shards import ShardMeta, ShardWriter  # noqa: E402
+from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
+from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
+from eagle3.formats.shards import ShardMeta, ShardWriter  # noqa: E402
+from eagle3.stages.extract import _length_sorted_batches, _sequences, cut_batches, in_plan_order, layer_ids  # noqa: E402
 
 
 def plan_order_batches(sequences, batch_tokens: int) -> list[list[int]]:
@@ -56,22 +57,29 @@ def main() -> None:
     sequences = _sequences(args.root, args.split, tokenizer, config, Counter())[: args.samples]
     if len(sequences) < args.samples:
         raise SystemExit(f"need {args.samples} sequences in data/synthetic/{args.split}; run `dvc repro generate`")
-    meta = ShardMeta(provenance["name"], layer_ids(config, provenance), provenance["hidden_size"], provenance["tokenizer_sha256"])
-    backend = HfHiddenStates(verifier_dir(args.root), provenance.get("trust_remote_code", False), meta.layer_ids)
+    meta = ShardMeta(
+        provenance.name, layer_ids(config, provenance), provenance.hidden_size, provenance.tokenizer_sha256
+    )
+    backend = HfHiddenStates(verifier_dir(args.root), provenance.trust_remote_code, meta.layer_ids)
     tokens = sum(len(s.input_ids) for s in sequences)
     backend.forward(sequences[:2])  # first-call allocations and kernel selection are not what we measure
 
     def naive(folder: Path) -> None:
         for sequence in sequences:
             (hidden,) = backend.forward([sequence])
-            torch.save({"input_ids": sequence.input_ids, "loss_mask": sequence.loss_mask, "hidden": hidden},
-                       folder / f"{sequence.sample_id}.pt")
+            torch.save(
+                {"input_ids": sequence.input_ids, "loss_mask": sequence.loss_mask, "hidden": hidden},
+                folder / f"{sequence.sample_id}.pt",
+            )
 
     def stage(batches):
         def write(folder: Path) -> None:
-            with ShardWriter(folder / "shard-00000.e3sh", meta, config.compression_level, config.compression_threads) as writer:
+            with ShardWriter(
+                folder / "shard-00000.e3sh", meta, config.compression_level, config.compression_threads
+            ) as writer:
                 for sequence, hidden in in_plan_order(backend, sequences, batches):
                     writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
+
         return write
 
     plan_batches = plan_order_batches(sequences, config.batch_tokens)
@@ -81,8 +89,10 @@ def main() -> None:
         "stage, plan-order batches": (stage(plan_batches), padded_tokens(sequences, plan_batches)),
         "stage, length-sorted batches": (stage(sorted_batches), padded_tokens(sequences, sorted_batches)),
     }
-    print(f"{len(sequences)} sequences, {tokens} tokens, layers {meta.layer_ids}, batch_tokens {config.batch_tokens}, "
-          f"{torch.get_num_threads()} torch threads\n")
+    print(
+        f"{len(sequences)} sequences, {tokens} tokens, layers {meta.layer_ids}, batch_tokens {config.batch_tokens}, "
+        f"{torch.get_num_threads()} torch threads\n"
+    )
     print(f"{'method':42s} {'tok/s':>8s} {'padded/real':>12s} {'seconds':>8s}")
     rates = {}
     for name, (run, padded) in runs.items():
@@ -93,8 +103,10 @@ def main() -> None:
         rates[name] = tokens / seconds
         print(f"{name:42s} {rates[name]:8.0f} {padded / tokens:12.2f} {seconds:8.1f}")
     naive_rate, plan_rate, sorted_rate = rates.values()
-    print(f"\nstage vs naive: {sorted_rate / naive_rate:.2f}x tokens/s; "
-          f"length-sorted vs plan-order batches: {sorted_rate / plan_rate:.2f}x")
+    print(
+        f"\nstage vs naive: {sorted_rate / naive_rate:.2f}x tokens/s; "
+        f"length-sorted vs plan-order batches: {sorted_rate / plan_rate:.2f}x"
+    )
 
 
 if __name__ == "__main__":

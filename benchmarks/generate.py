@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagle3.generate import TurnRequest, TurnResult  # noqa: E402
-from eagle3.layout import read_provenance, verifier_dir  # noqa: E402
+from eagle3.engines.generation.base import TurnRequest, TurnResult  # noqa: E402
+from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.params.generate import GenerateParams  # noqa: E402
 
 
@@ -36,8 +36,11 @@ def timed(label: str, make, run) -> tuple[float, int]:
     start = time.perf_counter()
     tokens = run(backend)
     seconds = time.perf_counter() - start
-    print(f"{label:14s} start-up {startup:6.1f} s   {tokens:6d} tokens in {seconds:6.1f} s = {tokens / seconds:7.1f} tok/s",
-          flush=True)
+    print(
+        f"{label:14s} start-up {startup:6.1f} s   {tokens:6d} tokens in {seconds:6.1f} s = {tokens / seconds:7.1f} "
+        "tok/s",
+        flush=True,
+    )
     return tokens / seconds, tokens
 
 
@@ -59,22 +62,28 @@ def main() -> None:
     def completion_tokens(results: list) -> int:
         return sum(r.completion_tokens for r in results if isinstance(r, TurnResult))
 
-    from eagle3.backends.vllm_offline import VllmBackend
+    from eagle3.engines.generation.vllm_offline import VllmBackend
 
-    vllm_rate, _ = timed("vllm", lambda: VllmBackend(config, model_dir, provenance),
-                         lambda b: completion_tokens(b.generate(requests)))
+    vllm_rate, _ = timed(
+        "vllm", lambda: VllmBackend(config, model_dir, provenance), lambda b: completion_tokens(b.generate(requests))
+    )
 
-    from eagle3.backends.hf_transformers import TransformersBackend
+    from eagle3.engines.generation.hf_transformers import TransformersBackend
 
-    batched_rate, _ = timed("hf-batched", lambda: TransformersBackend(config, model_dir, provenance),
-                            lambda b: completion_tokens(b.generate(requests)))
+    batched_rate, _ = timed(
+        "hf-batched",
+        lambda: TransformersBackend(config, model_dir, provenance),
+        lambda b: completion_tokens(b.generate(requests)),
+    )
 
     def per_prompt(backend) -> int:
         return sum(completion_tokens(backend.generate([request])) for request in requests)
 
     single_rate, _ = timed("hf-per-prompt", lambda: TransformersBackend(config, model_dir, provenance), per_prompt)
 
-    print(f"\nvllm / hf-per-prompt = {vllm_rate / single_rate:.1f}x   vllm / hf-batched = {vllm_rate / batched_rate:.1f}x")
+    print(
+        f"\nvllm / hf-per-prompt = {vllm_rate / single_rate:.1f}x   vllm / hf-batched = {vllm_rate / batched_rate:.1f}x"
+    )
 
 
 if __name__ == "__main__":

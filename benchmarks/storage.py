@@ -34,10 +34,10 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagle3.layout import read_provenance, verifier_dir  # noqa: E402
-from eagle3.reasoning import render  # noqa: E402
-from eagle3.shards import ShardMeta, ShardReader, ShardWriter  # noqa: E402
-from eagle3.synthetic import iter_records  # noqa: E402
+from eagle3.chat.reasoning import render  # noqa: E402
+from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
+from eagle3.formats.shards import ShardMeta, ShardReader, ShardWriter  # noqa: E402
+from eagle3.formats.synthetic import iter_records  # noqa: E402
 
 
 def hidden_states(root: Path, samples: int) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -46,14 +46,16 @@ def hidden_states(root: Path, samples: int) -> list[tuple[str, torch.Tensor, tor
     provenance, model_dir = read_provenance(root), verifier_dir(root)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    layers = [*provenance["default_aux_layer_ids"], provenance["num_hidden_layers"]]
+    layers = [*provenance.default_aux_layer_ids, provenance.num_hidden_layers]
     records = [r for r in iter_records(root, "train") if r["status"] == "ok"][:samples]
     if len(records) < samples:
         raise SystemExit(f"need {samples} regenerated samples in data/synthetic; run `dvc repro generate`")
     out = []
     with torch.no_grad():
         for record in records:
-            ids = tokenizer(render(tokenizer, record["messages"]), return_tensors="pt", add_special_tokens=False)["input_ids"]
+            ids = tokenizer(render(tokenizer, record["messages"]), return_tensors="pt", add_special_tokens=False)[
+                "input_ids"
+            ]
             states = model(ids, output_hidden_states=True).hidden_states
             hidden = torch.stack([states[k][0] for k in layers]).to(torch.bfloat16).contiguous()
             out.append((record["id"], ids[0], torch.ones(ids.shape[1], dtype=torch.bool), hidden))
@@ -96,8 +98,12 @@ def main() -> None:
     tokens = sum(len(ids) for _, ids, _, _ in samples)
     raw = sum(hidden.numel() * 2 for *_, hidden in samples)
     provenance = read_provenance(args.root)
-    meta = ShardMeta(provenance["name"], tuple([*provenance["default_aux_layer_ids"], provenance["num_hidden_layers"]]),
-                     provenance["hidden_size"], provenance["tokenizer_sha256"])
+    meta = ShardMeta(
+        provenance.name,
+        tuple([*provenance.default_aux_layer_ids, provenance.num_hidden_layers]),
+        provenance.hidden_size,
+        provenance.tokenizer_sha256,
+    )
 
     def shard_write(samples, folder):
         with ShardWriter(folder / "shard.e3sh", meta, threads=args.threads) as writer:
@@ -119,8 +125,10 @@ def main() -> None:
         "torch.save+gzip6": per_file_format("pt.gz", gzip_save, gzip_load),
         "eagle3 shard": (shard_write, shard_read_all, shard_read_one),
     }
-    print(f"{len(samples)} samples, {tokens} tokens, {raw / 2**20:.1f} MiB raw hidden states "
-          f"({raw // tokens} B/token: {meta.layer_ids} x {meta.hidden_size} bf16)\n")
+    print(
+        f"{len(samples)} samples, {tokens} tokens, {raw / 2**20:.1f} MiB raw hidden states "
+        f"({raw // tokens} B/token: {meta.layer_ids} x {meta.hidden_size} bf16)\n"
+    )
     print(f"{'format':18s} {'B/token':>8s} {'vs raw':>7s} {'write MB/s':>11s} {'read MB/s':>10s} {'1 sample ms':>12s}")
     results = {}
     for name, (write, read_all, read_one) in formats.items():
@@ -140,12 +148,19 @@ def main() -> None:
                 read_one(folder, sample_id)
                 latencies.append((time.perf_counter() - start) * 1000)
         results[name] = (size, raw / write_s / 1e6, raw / read_s / 1e6)
-        print(f"{name:18s} {size / tokens:8.0f} {raw / size:6.2f}x {raw / write_s / 1e6:11.0f} {raw / read_s / 1e6:10.0f} "
-              f"{statistics.median(latencies):12.2f}")
+        print(
+            f"{name:18s} {size / tokens:8.0f} {raw / size:6.2f}x {raw / write_s / 1e6:11.0f} "
+            f"{raw / read_s / 1e6:10.0f} "
+            f"{statistics.median(latencies):12.2f}"
+        )
     shard_size, shard_write_rate, shard_read_rate = results["eagle3 shard"]
     gzip_size, gzip_write_rate, gzip_read_rate = results["torch.save+gzip6"]
-    print(f"\neagle3 shard vs raw: {raw / shard_size:.2f}x smaller; vs torch.save+gzip6: {gzip_size / shard_size:.2f}x smaller, "
-          f"{shard_write_rate / gzip_write_rate:.1f}x faster to write, {shard_read_rate / gzip_read_rate:.1f}x faster to read")
+    print(
+        f"\neagle3 shard vs raw: {raw / shard_size:.2f}x smaller; vs torch.save+gzip6: {gzip_size / shard_size:.2f}x "
+        "smaller, "
+        f"{shard_write_rate / gzip_write_rate:.1f}x faster to write, {shard_read_rate / gzip_read_rate:.1f}x faster to "
+        "read"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Training throughput: real shards through the DataLoader vs the same batches already in memory.
 
-Both arms run the same optimizer steps of the real trainer (eagle3/train.py: Objective, BatchPlan, collate)
+Both arms run the same optimizer steps of the real trainer (eagle3/training/: train_step, BatchPlan, collate)
 from the same initial weights, in one process, alternating arms over several rounds; the data path's cost is
 the ratio of the two. Needs a project whose `extract` and `vocab` stages have run (default: this directory).
 
@@ -14,10 +14,12 @@ from pathlib import Path
 import torch
 
 from eagle3.config import load_params
-from eagle3.layout import read_provenance, verifier_dir
-from eagle3.model import Eagle3Draft
-from eagle3.train import BatchPlan, Objective, build, collate, make_optimizer, measure_aux_scale, sample_lengths
-from eagle3.verifier_weights import load_verifier_tensors
+from eagle3.formats.hf_weights import load_verifier_tensors
+from eagle3.formats.provenance import read_provenance, verifier_dir
+from eagle3.stages.train import build
+from eagle3.training.data import BatchPlan, collate, measure_aux_scale, sample_lengths
+from eagle3.training.objective import init_draft, make_objective, make_optimizer
+
 from training_loop import timed_steps
 
 
@@ -33,32 +35,34 @@ def main() -> None:
     provenance = read_provenance(root)
     draft_config, dataset, vocab = build(root, config, provenance)
     verifier = load_verifier_tensors(verifier_dir(root))
-    draft_ids = torch.arange(len(vocab["d2t"])) + vocab["d2t"]
-    torch.manual_seed(config.seed)
-    initial = Eagle3Draft(draft_config)
-    initial.init_weights(torch.Generator().manual_seed(config.seed), verifier["lm_head"][draft_ids])
+    initial = init_draft(draft_config, verifier, vocab["d2t"], config.seed)
     initial.aux_scale.copy_(measure_aux_scale(dataset, len(draft_config.aux_layer_ids)))
-    head_dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     lengths = sample_lengths(dataset)
     plan = list(BatchPlan(lengths, config.batch_size, config.epochs, config.seed, 0, 0, 1))[: args.steps]
 
     def steps(batches) -> tuple[float, int]:
         draft = copy.deepcopy(initial)
-        objective = Objective(draft, verifier["embed"], verifier["lm_head"][draft_ids].to(head_dtype), vocab["t2d"],
-                              config.ttt_steps, config.step_weight)
+        objective = make_objective(draft, verifier, vocab["d2t"], vocab["t2d"], config)
         return timed_steps(objective, make_optimizer(draft, config), batches, config)
 
     in_memory = [collate([dataset[i] for i in indices]) for indices in plan]
     totals = {"shards + DataLoader": [0.0, 0], "tensors in memory": [0.0, 0]}
     for _ in range(args.rounds):
-        loader = torch.utils.data.DataLoader(dataset, batch_sampler=plan, collate_fn=collate, num_workers=args.workers,
-                                             prefetch_factor=4 if args.workers else None)
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_sampler=plan,
+            collate_fn=collate,
+            num_workers=args.workers,
+            prefetch_factor=4 if args.workers else None,
+        )
         for name, batches in (("shards + DataLoader", loader), ("tensors in memory", in_memory)):
             seconds, tokens = steps(batches)
             totals[name][0] += seconds
             totals[name][1] += tokens
-    print(f"{args.steps} steps x {args.rounds} rounds, batch {config.batch_size}, ttt_steps {config.ttt_steps}, "
-          f"precision {config.precision}, {args.workers} DataLoader worker(s)")
+    print(
+        f"{args.steps} steps x {args.rounds} rounds, batch {config.batch_size}, ttt_steps {config.ttt_steps}, "
+        f"precision {config.precision}, {args.workers} DataLoader worker(s)"
+    )
     for name, (seconds, tokens) in totals.items():
         print(f"  {name:20s} {tokens / seconds:8.0f} padded tokens/s  ({seconds:.1f} s)")
     ratio = totals["shards + DataLoader"][0] / totals["tensors in memory"][0]

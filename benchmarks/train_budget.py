@@ -1,11 +1,11 @@
 """Draft quality against training budget, on the project's own shards: what more training buys.
 
 Each configuration (overrides of params.yaml's `vocab` and `train` sections) builds the draft vocabulary and
-trains a draft from scratch with the real stages (eagle3/vocab.py, eagle3/train.py, eagle3/export.py) in a
-scratch project that links this one's verifier and hidden states, then measures the exported draft's offline tokens per verifier step at k=3 over the
-held-out hidden states (eagle3/evaluate.py: offline_estimate; the evaluate stage writes the vLLM figure
-beside it, with the gap). Configurations run one after another in this process, so their wall times are
-comparable; the printed ratios are against the first configuration.
+trains a draft from scratch with the real stages (eagle3/stages/{vocab,train,export}.py) in a scratch project
+that links this one's verifier and hidden states, then measures the exported draft's offline tokens per
+verifier step at k=3 over the held-out hidden states (eagle3/stages/evaluate.py: offline_estimate; the
+evaluate stage writes the vLLM figure beside it, with the gap). Configurations run one after another in this
+process, so their wall times are comparable; the printed ratios are against the first configuration.
 
     python benchmarks/train_budget.py [--root .] --config train.epochs=2 \
         --config train.epochs=2,train.batch_size=4 --config vocab.draft_vocab_size=4096,train.epochs=2
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from eagle3 import export, train, vocab
 from eagle3.config import load_params
-from eagle3.evaluate import offline_estimate
-from eagle3.layout import HIDDEN_DIR, VERIFIER_DIR
+from eagle3.paths import HIDDEN_DIR, VERIFIER_DIR
+from eagle3.stages import export, train, vocab
+from eagle3.stages.evaluate import offline_estimate
 
 SECTIONS = ("vocab", "train")
 
@@ -45,8 +45,13 @@ def describe(config: dict[str, dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=Path("."))
-    parser.add_argument("--config", action="append", required=True, type=overrides,
-                        help="overrides, e.g. train.epochs=2,vocab.draft_vocab_size=4096 (repeat per configuration)")
+    parser.add_argument(
+        "--config",
+        action="append",
+        required=True,
+        type=overrides,
+        help="overrides, e.g. train.epochs=2,vocab.draft_vocab_size=4096 (repeat per configuration)",
+    )
     args = parser.parse_args()
     root = args.root.resolve()
     base = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
@@ -68,13 +73,18 @@ def main() -> None:
             export.run(params, work)
             estimate = offline_estimate(work, 3)
             rows.append((config, seconds, estimate))
-            print(f"{describe(config)}: {seconds:.0f} s, offline tokens/step {estimate['tokens_per_step']}, "
-                  f"top-1 agreement {estimate['top1_agreement_by_position']}", flush=True)
+            print(
+                f"{describe(config)}: {seconds:.0f} s, offline tokens/step {estimate['tokens_per_step']}, "
+                f"top-1 agreement {estimate['top1_agreement_by_position']}",
+                flush=True,
+            )
     first_seconds, first = rows[0][1], rows[0][2]["tokens_per_step"]
     print("\nconfiguration | train s | time ratio | offline tokens/step (k=3) | vs first")
     for config, seconds, estimate in rows:
-        print(f"{describe(config)} | {seconds:.0f} | {seconds / first_seconds:.2f}x | {estimate['tokens_per_step']} | "
-              f"{estimate['tokens_per_step'] - first:+.3f}")
+        print(
+            f"{describe(config)} | {seconds:.0f} | {seconds / first_seconds:.2f}x | {estimate['tokens_per_step']} | "
+            f"{estimate['tokens_per_step'] - first:+.3f}"
+        )
 
 
 if __name__ == "__main__":

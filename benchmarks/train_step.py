@@ -1,10 +1,10 @@
 """Training step time: AdamW's per-parameter loop (the baseline) vs its fused kernel, at two draft vocab sizes.
 
-Every arm runs the real training step (eagle3/train.py: Objective, the loss, clipping, the optimizer) on the
+Every arm runs the real training step (eagle3/training/objective.py: train_step) on the
 same batches of the project's shards from the same initial weights, in one process, alternating arms over
 several rounds; ratios are against the first arm. The vocabulary-sized work (lm_head, soft cross-entropy
 against the verifier's distribution) is most of a step, which is why the vocab size is one of the arms.
-Each vocab is built as the vocab stage builds it (eagle3/vocab.py). Needs a project whose `extract` and
+Each vocab is built as the vocab stage builds it (eagle3/stages/vocab.py). Needs a project whose `extract` and
 `vocab` stages have run (default: this directory).
 
     python benchmarks/train_step.py [--root .] [--steps 6] [--rounds 2] [--vocab 8192 4096]
@@ -17,11 +17,14 @@ from pathlib import Path
 import torch
 
 from eagle3.config import load_params
-from eagle3.layout import read_provenance, train_shards, verifier_dir
-from eagle3.model import Eagle3Draft
-from eagle3.train import BatchPlan, Objective, build, collate, make_optimizer, sample_lengths
-from eagle3.verifier_weights import load_verifier_tensors
-from eagle3.vocab import count_tokens, mapping, select
+from eagle3.formats.hf_weights import load_verifier_tensors
+from eagle3.formats.provenance import read_provenance, verifier_dir
+from eagle3.formats.shards import split_shards
+from eagle3.stages.train import build
+from eagle3.stages.vocab import count_tokens, mapping, select
+from eagle3.training.data import BatchPlan, collate, sample_lengths
+from eagle3.training.objective import init_draft, make_objective, make_optimizer
+
 from training_loop import timed_steps
 
 
@@ -36,36 +39,43 @@ def main() -> None:
     config = load_params(root / "params.yaml").train
     provenance = read_provenance(root)
     draft_config, dataset, _ = build(root, config, provenance)
-    token_counts = count_tokens(train_shards(root), provenance["vocab_size"])
+    token_counts = count_tokens(split_shards(root, "train"), provenance.vocab_size)
     verifier = load_verifier_tensors(verifier_dir(root))
     plan = list(BatchPlan(sample_lengths(dataset), config.batch_size, 1, config.seed, 0, 0, 1))[: args.steps]
     batches = [collate([dataset[i] for i in indices]) for indices in plan]
     tokens = sum(batch["input_ids"].numel() for batch in batches)
 
     def per_parameter_adamw(draft):
-        return torch.optim.AdamW(draft.parameters(), lr=config.learning_rate, betas=(0.9, 0.95),
-                                 weight_decay=config.weight_decay, foreach=False)
+        return torch.optim.AdamW(
+            draft.parameters(),
+            lr=config.learning_rate,
+            betas=(0.9, 0.95),
+            weight_decay=config.weight_decay,
+            foreach=False,
+        )
 
     def fused_adamw(draft):
         return make_optimizer(draft, config)
 
     def steps(size: int, optimizer_factory) -> float:
-        d2t, t2d = mapping(select(*token_counts, size), provenance["vocab_size"])
-        draft_ids = torch.arange(size) + d2t
-        draft = Eagle3Draft(replace(draft_config, draft_vocab_size=size))
-        draft.init_weights(torch.Generator().manual_seed(config.seed), verifier["lm_head"][draft_ids])
-        objective = Objective(draft, verifier["embed"], verifier["lm_head"][draft_ids].to(torch.bfloat16), t2d,
-                              config.ttt_steps, config.step_weight)
+        d2t, t2d = mapping(select(*token_counts, size), provenance.vocab_size)
+        draft = init_draft(replace(draft_config, draft_vocab_size=size), verifier, d2t, config.seed)
+        objective = make_objective(draft, verifier, d2t, t2d, config)
         return timed_steps(objective, optimizer_factory(draft), batches, config)[0]
 
-    arms = [(size, name, factory) for size in args.vocab
-            for name, factory in (("per-parameter AdamW", per_parameter_adamw), ("fused AdamW", fused_adamw))]
+    arms = [
+        (size, name, factory)
+        for size in args.vocab
+        for name, factory in (("per-parameter AdamW", per_parameter_adamw), ("fused AdamW", fused_adamw))
+    ]
     totals = [0.0] * len(arms)
     for _ in range(args.rounds):
         for number, (size, _, factory) in enumerate(arms):
             totals[number] += steps(size, factory)
-    print(f"{args.steps} steps x {args.rounds} rounds, batch {config.batch_size} ({tokens / len(batches):.0f} padded "
-          f"tokens/step), ttt_steps {config.ttt_steps}, precision {config.precision}")
+    print(
+        f"{args.steps} steps x {args.rounds} rounds, batch {config.batch_size} ({tokens / len(batches):.0f} padded "
+        f"tokens/step), ttt_steps {config.ttt_steps}, precision {config.precision}"
+    )
     for (size, name, _), seconds in zip(arms, totals, strict=True):
         per_step = seconds / (args.steps * args.rounds)
         print(f"  draft vocab {size:6d}, {name:20s} {per_step:6.3f} s/step  {totals[0] / seconds:5.2f}x")

@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from eagle3.shards import ShardReader, ShardWriter  # noqa: E402
+from eagle3.formats.shards import ShardReader, ShardWriter  # noqa: E402
+
 from servers import S3_KEY_ID, S3_SECRET, MotoS3, Sshd  # noqa: E402
 
 DVC = str(Path(sys.executable).with_name("dvc"))
@@ -107,11 +108,25 @@ def plain_s3(server: MotoS3, files: list[Path], jobs: int, scratch: Path) -> tup
 def plain_scp(server: Sshd, source: Path, remote_dir: Path) -> tuple[float, float]:
     """Seconds of one `scp -r` up and one back, with DVC's cipher and no compression."""
     known_hosts = server.home() / ".ssh" / "known_hosts"
-    options = ["-q", "-r", "-P", str(server.port), "-i", str(server.client_key), "-o", f"UserKnownHostsFile={known_hosts}",
-               "-o", "Compression=no", "-c", "aes128-gcm@openssh.com"]
+    options = [
+        "-q",
+        "-r",
+        "-P",
+        str(server.port),
+        "-i",
+        str(server.client_key),
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "Compression=no",
+        "-c",
+        "aes128-gcm@openssh.com",
+    ]
     target = f"{server.user}@127.0.0.1:{remote_dir}"
     up = timed(lambda: run(source.parent, "scp", *options, str(source), target))
-    down = timed(lambda: run(source.parent, "scp", *options, target, str(remote_dir.with_name(remote_dir.name + "-back"))))
+    down = timed(
+        lambda: run(source.parent, "scp", *options, target, str(remote_dir.with_name(remote_dir.name + "-back")))
+    )
     return up, down
 
 
@@ -147,7 +162,11 @@ def main() -> None:
             try:
                 for jobs in args.jobs:
                     if kind == "s3":
-                        config = [["endpointurl", server.endpoint], ["access_key_id", S3_KEY_ID], ["secret_access_key", S3_SECRET]]
+                        config = [
+                            ["endpointurl", server.endpoint],
+                            ["access_key_id", S3_KEY_ID],
+                            ["secret_access_key", S3_SECRET],
+                        ]
                         push, pull = dvc_round(project, "s3", f"s3://{MotoS3.bucket}/dvc-{jobs}", jobs, config)
                         plain_up, plain_down = plain_s3(server, files, jobs, scratch)
                         plain = "boto3, J threads"
@@ -161,10 +180,15 @@ def main() -> None:
                 server.kill()
 
     mb = size / 1e6
-    print(f"\n{'server':6} {'jobs':>4}  {'dvc push':>15} {'plain up':>15} {'ratio':>6}  {'dvc pull':>15} {'plain down':>15} {'ratio':>6}  plain copy")
+    print(
+        f"\n{'server':6} {'jobs':>4}  {'dvc push':>15} {'plain up':>15} {'ratio':>6}  {'dvc pull':>15} "
+        f"{'plain down':>15} {'ratio':>6}  plain copy"
+    )
     for kind, jobs, push, pull, up, down, plain in rows:
-        print(f"{kind:6} {jobs:>4}  {rate(mb, push):>15} {rate(mb, up):>15} {up / push:6.2f}  "
-              f"{rate(mb, pull):>15} {rate(mb, down):>15} {down / pull:6.2f}  {plain}")
+        print(
+            f"{kind:6} {jobs:>4}  {rate(mb, push):>15} {rate(mb, up):>15} {up / push:6.2f}  "
+            f"{rate(mb, pull):>15} {rate(mb, down):>15} {down / pull:6.2f}  {plain}"
+        )
     print("ratio = dvc speed / plain-copy speed (1.00 = as fast); G = effective Gbit/s")
 
 

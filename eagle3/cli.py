@@ -1,7 +1,7 @@
-"""`eagle3 <command>`: one subcommand per DVC stage, plus tools around them.
+"""`eagle3 <command>`: one subcommand per DVC stage (names as in dvc.yaml), plus the tools around them.
 
-stages/<stage>.py calls this same entry point, so `dvc repro` and a user at the
-shell run identical code.
+A stage command runs eagle3/runner.py exactly as stages/<name>.py does for `dvc repro`. Stage modules are
+imported only for the command that runs, so `eagle3 --help` and the tools start without torch.
 """
 
 import argparse
@@ -10,71 +10,75 @@ import json
 import sys
 from pathlib import Path
 
-from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
 
-# name -> (module, one-line help). Each module exposes run(params, root, options).
-STAGES: dict[str, tuple[str, str]] = {
-    "verifier": ("eagle3.verifier", "fetch/convert the verifier and record its provenance"),
-    "prepare": ("eagle3.prepare", "normalise, dedupe and split the open prompt datasets"),
-    "generate": ("eagle3.generate", "the verifier regenerates every assistant turn (resumable)"),
-    "extract": ("eagle3.extract", "verifier hidden states -> compressed, checksummed shards (resumable)"),
-    "vocab": ("eagle3.vocab", "draft vocabulary (d2t/t2d) from the answers' token frequencies"),
-    "train": ("eagle3.train", "train the EAGLE-3 draft with training-time test (resumable; torchrun for DDP)"),
-    "export": ("eagle3.export", "write the draft in vLLM's EAGLE-3 format and the speculators format"),
-    "evaluate": ("eagle3.evaluate", "tokens per verifier step inside vLLM on held-out prompts, vs vLLM's ngram"),
-    "lineage": ("eagle3.lineage", "(stage report) license gate, lineage record and model card; --check verifies them"),
+# Stage name (= module in eagle3/stages/ = dvc.yaml stage) -> one-line help.
+STAGES: dict[str, str] = {
+    "verifier": "fetch/convert the verifier and record its provenance",
+    "prepare": "normalise, dedupe and split the open prompt datasets",
+    "generate": "the verifier regenerates every assistant turn (resumable)",
+    "extract": "verifier hidden states -> compressed, checksummed shards (resumable)",
+    "vocab": "draft vocabulary (d2t/t2d) from the answers' token frequencies",
+    "train": "train the EAGLE-3 draft with training-time test (resumable; torchrun for DDP)",
+    "export": "write the draft in vLLM's EAGLE-3 format and the speculators format",
+    "evaluate": "tokens per verifier step inside vLLM on held-out prompts, vs vLLM's ngram",
+    "report": "license gate, lineage record and model card; --check verifies them",
 }
+# Earlier names users may have in scripts.
+ALIASES = {"lineage": "report"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3", description="Reproducible EAGLE-3 draft training for vLLM.")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (_, help_text) in STAGES.items():
-        stage = commands.add_parser(name, help=f"stage: {help_text}")
-        if name == "generate":
-            stage.add_argument("--rank", type=int, default=0, help="this process's slice of the parts (default 0)")
-            stage.add_argument("--world-size", type=int, default=1, help="number of slices run in parallel (default 1)")
-        if name == "lineage":
-            stage.add_argument("--check", action="store_true", help="verify the workspace against dvc.lock and reports/lineage.json; write nothing")
+    for name, help_text in STAGES.items():
+        # The stage's own options (and its --help) are parsed by the stage's parser once it is imported.
+        commands.add_parser(name, help=f"stage: {help_text}", add_help=False)
+    for alias, name in ALIASES.items():
+        commands.add_parser(alias, help=f"the same as `{name}`", add_help=False)
     commands.add_parser("check", help="validate the params file and print it fully resolved (defaults filled in)")
-    validate = commands.add_parser("validate-draft", help="check a draft directory against vLLM's EAGLE-3 contract and its verifier")
+    validate = commands.add_parser(
+        "validate-draft", help="check a draft directory against vLLM's EAGLE-3 contract and its verifier"
+    )
     validate.add_argument("draft", type=Path, help="draft directory (config.json + model.safetensors)")
     validate.add_argument("--verifier", type=Path, required=True, help="the verifier's HF directory")
-    from eagle3 import plan
+    from eagle3.tools import plan_cli
 
-    plan.add_arguments(commands.add_parser("plan", help="hero-run disk, time and cost: extract here and ship, extract there, or online"))
+    plan_cli.add_arguments(
+        commands.add_parser("plan", help="hero-run disk, time and cost: extract here and ship, or extract there")
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
+    stage_name = ALIASES.get(args.command, args.command)
+    if stage_name in STAGES:
+        from eagle3.runner import execute, stage_parser
+
+        stage = importlib.import_module(f"eagle3.stages.{stage_name}")
+        options = stage_parser(stage, argparse.ArgumentParser(prog=f"eagle3 {args.command}")).parse_args(rest)
+        return execute(stage, args.command, args.params, options)
+    if rest:
+        build_parser().error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "validate-draft":
-            from eagle3.validate import validate_draft
+            from eagle3.formats.exported_draft import validate_draft
 
             validate_draft(args.draft, args.verifier)
             print(f"{args.draft}: valid EAGLE-3 draft for {args.verifier}")
-            return 0
-        if args.command == "plan":  # not a stage: CLI flags and measured metrics, no params.yaml
-            from eagle3.plan import main as plan
+        elif args.command == "plan":  # not a stage: CLI flags and measured metrics, no params.yaml
+            from eagle3.tools import plan_cli
 
-            plan(args)
-            return 0
-        params = load_params(args.params)
-        root = args.params.resolve().parent
-        if args.command == "check":
-            print(json.dumps(params.model_dump(mode="json"), indent=2))
+            plan_cli.main(args)
         else:
-            module = importlib.import_module(STAGES[args.command][0])
-            module.run(params, root, args)
+            from eagle3.config import load_params
+
+            print(json.dumps(load_params(args.params).model_dump(mode="json"), indent=2))
     except Eagle3Error as exc:
         print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"eagle3 {args.command}: interrupted; finished work is kept, rerun to continue", file=sys.stderr)
-        return 130
     return 0
 
 

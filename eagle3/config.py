@@ -1,24 +1,19 @@
-"""params.yaml -> typed, validated config objects.
+"""The whole params.yaml as one typed object: every section validated (`eagle3 check`, tests, benchmarks).
 
-Any problem (unreadable file, bad YAML, duplicate or unknown key, wrong type,
-out-of-range value) raises Eagle3Error whose message is one line naming the
-key path, e.g. ``params.yaml: prepare.heldout_rows: must be >= 1, got 0``.
+Stages do not import this module: each validates the sections it reads (eagle3/runner.py), so that a stage's
+DVC deps name only its own section's module. The runner still validates the whole file through this module
+before a stage starts, so a typo anywhere stops `dvc repro` at once instead of hours later; that check's
+result is discarded, so no stage output depends on it and it is deliberately not a dep.
 """
 
-import types
-import typing
 from pathlib import Path
-from typing import Any
 
-import yaml
-from pydantic import BaseModel, ValidationError
-
-from eagle3.errors import Eagle3Error
 from eagle3.params.base import Section
 from eagle3.params.evaluate import EvaluateParams
 from eagle3.params.export import ExportParams
 from eagle3.params.extract import ExtractParams
 from eagle3.params.generate import GenerateParams
+from eagle3.params.loading import read_yaml, validate
 from eagle3.params.prepare import PrepareParams
 from eagle3.params.report import ReportParams
 from eagle3.params.train import TrainParams
@@ -38,139 +33,6 @@ class Params(Section):
     report: ReportParams = ReportParams()
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, which plain YAML silently resolves to the last one."""
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-def read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path}: file not found (run from the project root, or pass --params PATH)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Eagle3Error(f"{path}: cannot read: {exc}") from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise Eagle3Error(f"{where}: invalid YAML: {problem}") from None
-
-
 def load_params(path: Path | str = "params.yaml") -> Params:
     path = Path(path)
-    raw = read_yaml(path)
-    if not isinstance(raw, dict):
-        raise Eagle3Error(f"{path}: expected a mapping of sections ({', '.join(Params.model_fields)}), got {type(raw).__name__}")
-    try:
-        return Params.model_validate(raw)
-    except ValidationError as exc:
-        errors = exc.errors()
-        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        raise Eagle3Error(f"{path}: {describe_error(errors[0])}{more}") from None
-
-
-def describe_error(error: dict) -> str:
-    """One pydantic error -> 'key.path: what is wrong', with the union tags pydantic adds to locations removed."""
-    loc = _user_loc(error["loc"])
-    kind, ctx, value = error["type"], error.get("ctx", {}), error.get("input")
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(error["loc"][:-1])
-        hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
-        return f"{_dotted(loc)}: unknown key{hint}"
-    if kind == "missing":
-        return f"{_dotted(loc)}: required key is missing"
-    comparisons = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
-    if kind in comparisons:
-        bound = next(iter(ctx.values()))
-        return f"{_dotted(loc)}: must be {comparisons[kind]} {bound}, got {value!r}"
-    if kind == "union_tag_invalid":
-        return f"{_dotted(loc)}.{ctx['discriminator'].strip(chr(39))}: must be one of {ctx['expected_tags']}, got {ctx['tag']!r}"
-    if kind == "union_tag_not_found":
-        return f"{_dotted(loc)}: required key {ctx['discriminator']} is missing"
-    if kind == "literal_error":
-        return f"{_dotted(loc)}: must be one of {ctx['expected']}, got {value!r}"
-    if kind == "string_pattern_mismatch":
-        return f"{_dotted(loc)}: {value!r} does not match the required form {ctx['pattern']}"
-    message = error["msg"].removeprefix("Value error, ")
-    if message[1:2].islower():  # "Input should be" -> "input should be", but keep "URL ..."
-        message = message[0].lower() + message[1:]
-    if kind.endswith(("_type", "_parsing")) or kind.startswith("url_"):
-        return f"{_dotted(loc)}: {message}, got {value!r}"
-    return f"{_dotted(loc)}: {message}"
-
-
-def _dotted(loc: tuple) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(top level)"
-
-
-def _walk(loc: tuple) -> tuple[tuple, Any]:
-    """Follow a pydantic error location from Params: (the location as the YAML spells it, the model reached).
-
-    pydantic inserts the discriminator tag of a union member (e.g. 'pypi-gguf')
-    into locations; it selects the member here and is left out of the path.
-    """
-    model: Any = Params
-    kept: list = []
-    for part in loc:
-        tags = _tags(model)
-        if isinstance(part, str) and part in tags:
-            model = tags[part]
-            continue
-        kept.append(part)
-        model = _child(model, part)
-    return tuple(kept), model
-
-
-def _user_loc(loc: tuple) -> tuple:
-    return _walk(loc)[0]
-
-
-def _allowed_keys(loc: tuple) -> list[str]:
-    model = _walk(loc)[1]
-    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
-
-
-def _child(model: Any, part: Any) -> Any:
-    """The annotation one step below `model` at `part` (a field name or a list index)."""
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        field = model.model_fields.get(part)
-        return field.annotation if field else None
-    origin = typing.get_origin(model)
-    if origin is typing.Annotated:
-        return _child(typing.get_args(model)[0], part)
-    if origin is list and isinstance(part, int):
-        return typing.get_args(model)[0]
-    return None
-
-
-def _tags(model: Any) -> dict[str, type[BaseModel]]:
-    """For a discriminated union annotation: {tag: model class}; else {}."""
-    if typing.get_origin(model) is typing.Annotated:
-        model = typing.get_args(model)[0]
-    members = typing.get_args(model) if typing.get_origin(model) in (typing.Union, types.UnionType) else ()
-    tags = {}
-    for member in members:
-        if isinstance(member, type) and issubclass(member, BaseModel) and "kind" in member.model_fields:
-            for tag in typing.get_args(member.model_fields["kind"].annotation):
-                tags[tag] = member
-    return tags
+    return validate(read_yaml(path), Params, path)

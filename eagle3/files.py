@@ -1,7 +1,10 @@
-"""Crash-safe outputs: deterministic JSON, and directories that appear whole or not at all.
+"""Crash-safe writes: deterministic JSON, files and directories that appear whole or not at all.
 
-Identical content gives identical bytes (no timestamps, sorted keys), so DVC
-hashes stay stable and downstream stages are not invalidated by a rerun.
+Identical content gives identical bytes (no timestamps, sorted keys), so DVC hashes stay stable and
+downstream stages are not invalidated by a rerun. Every write goes to a hidden `.<name>.partial` beside its
+final name and is renamed into place only once complete, so a run killed at any moment (kill -9 included)
+leaves the previous file or the new one, never a torn one; resumable stages delete leftover partials
+(eagle3/resume.py).
 """
 
 import json
@@ -18,11 +21,44 @@ def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def write_json(path: Path, data: Any) -> None:
+def partial_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.partial")
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield where to write `path` (a file or a directory); on success it is renamed to `path`, on error removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(dumps(data), encoding="utf-8")
+    partial = partial_path(path)
+    _remove(partial)
+    try:
+        yield partial
+    except BaseException:
+        _remove(partial)
+        raise
+    if path.is_dir() and partial.is_dir():
+        shutil.rmtree(path)  # os.replace cannot replace a non-empty directory
     os.replace(partial, path)
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    with atomic_path(path) as partial:
+        partial.write_bytes(data)
+
+
+def write_text(path: Path, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, dumps(data))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -42,37 +78,3 @@ def staged_dir(out: Path) -> Iterator[Path]:
             os.replace(out, old)
         os.replace(staging, out)
         shutil.rmtree(old, ignore_errors=True)
-
-
-def resume_or_reset(out: Path, key: str, settings: dict[str, Any]) -> bool:
-    """Prepare a resumable output directory: keep its finished files if they were made with the same settings
-    (`key`), else empty it. Unfinished writes (*.partial) are always removed. Returns True when work is kept."""
-    run_file = out / "run.json"
-    kept = run_file.is_file() and json.loads(run_file.read_text(encoding="utf-8")).get("key") == key
-    if not kept:
-        if out.exists():
-            shutil.rmtree(out)
-        write_json(run_file, {"key": key, "settings": settings})
-    for partial in out.rglob("*.partial"):
-        partial.unlink()
-    return kept
-
-
-RUN_RECORDS = Path(".eagle3/last_run")
-
-
-def measured_run(root: Path, stage: str, this_run: dict[str, Any], did_work: bool) -> dict[str, Any]:
-    """A stage's `this_run` throughput: this run's own if it did work (and remembered), else the last one remembered.
-
-    The record lives in the git-ignored .eagle3/last_run/, outside DVC's outputs: `dvc repro` deletes a stage's
-    metrics file before running it, and a timing inside a data output would change that output's hash.
-    """
-    record = root / RUN_RECORDS / f"{stage}.json"
-    if did_work:
-        write_json(record, this_run)
-        return this_run
-    try:
-        remembered = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return this_run
-    return remembered if isinstance(remembered, dict) else this_run

@@ -1,8 +1,9 @@
-"""DVC stage `evaluate`: the same code path as `eagle3 evaluate`."""
+"""DVC stage `evaluate` (eagle3/stages/evaluate.py): the same code path as `eagle3 evaluate`."""
 
 import sys
 
-from eagle3.cli import main
+from eagle3.runner import main
+from eagle3.stages import evaluate
 
 if __name__ == "__main__":
-    sys.exit(main(["evaluate"]))
+    sys.exit(main(evaluate))

@@ -1,8 +1,9 @@
-"""DVC stage `export`: the same code path as `eagle3 export`."""
+"""DVC stage `export` (eagle3/stages/export.py): the same code path as `eagle3 export`."""
 
 import sys
 
-from eagle3.cli import main
+from eagle3.runner import main
+from eagle3.stages import export
 
 if __name__ == "__main__":
-    sys.exit(main(["export"]))
+    sys.exit(main(export))

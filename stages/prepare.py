@@ -1,8 +1,9 @@
-"""DVC stage `prepare`: the same code path as `eagle3 prepare`."""
+"""DVC stage `prepare` (eagle3/stages/prepare.py): the same code path as `eagle3 prepare`."""
 
 import sys
 
-from eagle3.cli import main
+from eagle3.runner import main
+from eagle3.stages import prepare
 
 if __name__ == "__main__":
-    sys.exit(main(["prepare"]))
+    sys.exit(main(prepare))

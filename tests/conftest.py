@@ -72,14 +72,25 @@ def vllm_generated(verifier_project, tmp_path_factory) -> Path:
 
 def copy_project(source: Path, root: Path, params: dict) -> Path:
     """`source` hard-linked into `root` (outputs are replaced, never edited in place), with its own params.yaml."""
-    shutil.copytree(source, root, copy_function=os.link, ignore=shutil.ignore_patterns("params.yaml"), dirs_exist_ok=True)
+    shutil.copytree(
+        source, root, copy_function=os.link, ignore=shutil.ignore_patterns("params.yaml"), dirs_exist_ok=True
+    )
     write_params(root, params)
     return root
 
 
 # Enough steps for the draft to learn the small training set: a trained draft must be accepted in vLLM.
-TRAIN_SMALL = {"ttt_steps": 3, "epochs": 16, "batch_size": 8, "learning_rate": 0.003, "min_learning_rate": 0.0003,
-               "warmup_steps": 8, "checkpoint_every": 8, "log_every": 2, "num_workers": 1}
+TRAIN_SMALL = {
+    "ttt_steps": 3,
+    "epochs": 16,
+    "batch_size": 8,
+    "learning_rate": 0.003,
+    "min_learning_rate": 0.0003,
+    "warmup_steps": 8,
+    "checkpoint_every": 8,
+    "log_every": 2,
+    "num_workers": 1,
+}
 
 
 def draft_params(**train) -> dict:
@@ -89,8 +100,12 @@ def draft_params(**train) -> dict:
     params = _params()
     params["vocab"] = {"draft_vocab_size": 2048}
     params["train"] = {**TRAIN_SMALL, **train}
-    params["evaluate"] = {"num_speculative_tokens": [3], "max_tokens": 32, "max_prompts": 8,
-                          "vllm": {"max_model_len": 512, "cpu_kvcache_space_gib": 1, "dtype": "float32"}}
+    params["evaluate"] = {
+        "num_speculative_tokens": [3],
+        "max_tokens": 32,
+        "max_prompts": 8,
+        "vllm": {"max_model_len": 512, "cpu_kvcache_space_gib": 1, "dtype": "float32"},
+    }
     return params
 
 

@@ -66,7 +66,9 @@ class Server:
 
     def start(self) -> "Server":
         log = self.workdir / "server.log"
-        self.process = subprocess.Popen(self.command(), stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(), stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True
+        )
         _wait_for_port(self.port, self.process, log)
         return self
 
@@ -97,8 +99,13 @@ class MotoS3(Server):
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=S3_KEY_ID, aws_secret_access_key=S3_SECRET,
-                            region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=S3_KEY_ID,
+            aws_secret_access_key=S3_SECRET,
+            region_name="us-east-1",
+        )
 
     def start(self) -> "MotoS3":
         super().start()
@@ -116,7 +123,10 @@ class Sshd(Server):
     def __init__(self, workdir: Path):
         super().__init__(workdir)
         if not Path(SSHD).is_file():
-            raise RuntimeError(f"{SSHD} not found: install Debian's openssh-server (apt-get update && apt-get install -y openssh-server); .ci/run does")
+            raise RuntimeError(
+                f"{SSHD} not found: install Debian's openssh-server (apt-get update && apt-get install -y "
+                "openssh-server); .ci/run does"
+            )
         self.host_key, self.client_key = self.workdir / "host_key", self.workdir / "client_key"
         for key in (self.host_key, self.client_key):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -128,7 +138,8 @@ class Sshd(Server):
             f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
             f"PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
             # tmp_path lies under the world-writable /tmp, which StrictModes rejects.
-            f"StrictModes no\nPidFile {self.workdir / 'sshd.pid'}\nSubsystem sftp internal-sftp\nMaxStartups 100\nMaxSessions 100\n"
+            f"StrictModes no\nPidFile {self.workdir / 'sshd.pid'}\nSubsystem sftp internal-sftp\nMaxStartups "
+            "100\nMaxSessions 100\n"
         )
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
 

@@ -5,9 +5,10 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, SMOKE_PARAMS, smoke_params, write_params
 from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
+
+from conftest import REPO, SMOKE_PARAMS, smoke_params, write_params
 
 
 def test_shipped_params_load():
@@ -41,21 +42,30 @@ def _drop(params: dict, dotted: str) -> dict:
 LOCAL_VERIFIER = {"kind": "local", "path": "/models/x", "name": "org/x"}
 
 INVALID = [
-    (lambda p: {**p, "trian": {"lr": 1}}, "params.yaml: trian: unknown key (allowed: verifier, prepare, generate, extract, vocab, train, export, evaluate, report)"),
+    (
+        lambda p: {**p, "trian": {"lr": 1}},
+        "params.yaml: trian: unknown key (allowed: verifier, prepare, generate, extract, vocab, train, export, "
+        "evaluate, report)",
+    ),
     (
         lambda p: _set(p, "prepare.heldout_row", 3),
-        "params.yaml: prepare.heldout_row: unknown key (allowed: sources, max_rows, max_rows_per_source, heldout_rows, seed)",
+        "params.yaml: prepare.heldout_row: unknown key (allowed: sources, max_rows, max_rows_per_source, heldout_rows, "
+        "seed)",
     ),
     (lambda p: _set(p, "prepare.heldout_rows", 0), "params.yaml: prepare.heldout_rows: must be >= 1, got 0"),
     (lambda p: _set(p, "prepare.max_rows", -5), "params.yaml: prepare.max_rows: must be > 0, got -5"),
-    (lambda p: _set(p, "prepare.sources.0.max_rows", 0), "params.yaml: prepare.sources[0].max_rows: must be > 0, got 0"),
+    (
+        lambda p: _set(p, "prepare.sources.0.max_rows", 0),
+        "params.yaml: prepare.sources[0].max_rows: must be > 0, got 0",
+    ),
     (
         lambda p: _set(p, "prepare.seed", "abc"),
         "params.yaml: prepare.seed: input should be a valid integer, unable to parse string as an integer, got 'abc'",
     ),
     (
         lambda p: _set(p, "verifier.trust_remote_code", "maybe"),
-        "params.yaml: verifier.trust_remote_code: input should be a valid boolean, unable to interpret input, got 'maybe'",
+        "params.yaml: verifier.trust_remote_code: input should be a valid boolean, unable to interpret input, got "
+        "'maybe'",
     ),
     (
         lambda p: _set(p, "verifier.dtype", "int8"),
@@ -86,7 +96,15 @@ INVALID = [
         lambda p: _set(
             p,
             "prepare.sources",
-            [{"kind": "hf", "name": "blend", "dataset": "mlabonne/open-perfectblend", "revision": "main", "license": "apache-2.0"}],
+            [
+                {
+                    "kind": "hf",
+                    "name": "blend",
+                    "dataset": "mlabonne/open-perfectblend",
+                    "revision": "main",
+                    "license": "apache-2.0",
+                }
+            ],
         ),
         "params.yaml: prepare.sources[0].revision: 'main' does not match the required form ^[0-9a-f]{40}$",
     ),
@@ -94,11 +112,23 @@ INVALID = [
         lambda p: _set(p, "prepare.sources", p["prepare"]["sources"] * 2),
         "params.yaml: prepare: sources: names must be unique, repeated: eagle3-prompts",
     ),
-    (lambda p: _set(p, "prepare.sources", []), "params.yaml: prepare.sources: list should have at least 1 item after validation, not 0"),
+    (
+        lambda p: _set(p, "prepare.sources", []),
+        "params.yaml: prepare.sources: list should have at least 1 item after validation, not 0",
+    ),
     (lambda p: _drop(p, "prepare"), "params.yaml: prepare: required key is missing"),
-    (lambda p: _set(p, "generate.sampling.temperature", -0.5), "params.yaml: generate.sampling.temperature: must be >= 0.0, got -0.5"),
-    (lambda p: _set(p, "generate.sampling.top_p", 1.5), "params.yaml: generate.sampling.top_p: must be <= 1.0, got 1.5"),
-    (lambda p: _set(p, "generate.turns", "first"), "params.yaml: generate.turns: must be one of 'all' or 'last', got 'first'"),
+    (
+        lambda p: _set(p, "generate.sampling.temperature", -0.5),
+        "params.yaml: generate.sampling.temperature: must be >= 0.0, got -0.5",
+    ),
+    (
+        lambda p: _set(p, "generate.sampling.top_p", 1.5),
+        "params.yaml: generate.sampling.top_p: must be <= 1.0, got 1.5",
+    ),
+    (
+        lambda p: _set(p, "generate.turns", "first"),
+        "params.yaml: generate.turns: must be one of 'all' or 'last', got 'first'",
+    ),
     (
         lambda p: _set(p, "generate.backend", "openai"),
         "params.yaml: generate: backend openai needs an `openai:` block with base_urls and model",
@@ -112,9 +142,15 @@ INVALID = [
         lambda p: _set(p, "extract.aux_layer_ids", [2, 2, 27]),
         "params.yaml: extract.aux_layer_ids: layer ids must be distinct and >= 0, got [2, 2, 27]",
     ),
-    (lambda p: _set(p, "extract.backend", "sglang"), "params.yaml: extract.backend: must be one of 'hf' or 'vllm', got 'sglang'"),
+    (
+        lambda p: _set(p, "extract.backend", "sglang"),
+        "params.yaml: extract.backend: must be one of 'hf' or 'vllm', got 'sglang'",
+    ),
     (lambda p: _set(p, "train.ttt_steps", 0), "params.yaml: train.ttt_steps: must be > 0, got 0"),
-    (lambda p: _set(p, "train.precision", "fp8"), "params.yaml: train.precision: must be one of 'bf16' or 'fp32', got 'fp8'"),
+    (
+        lambda p: _set(p, "train.precision", "fp8"),
+        "params.yaml: train.precision: must be one of 'bf16' or 'fp32', got 'fp8'",
+    ),
     (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
 ]
 
@@ -132,7 +168,11 @@ def test_invalid_params_name_the_key(tmp_path, mutate, message):
     [
         ("verifier: [unclosed\n", ":2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
         ("prepare:\n  seed: 1\n  seed: 2\n", ":3: invalid YAML: duplicate key 'seed'"),
-        ("- just\n- a list\n", ": expected a mapping of sections (verifier, prepare, generate, extract, vocab, train, export, evaluate, report), got list"),
+        (
+            "- just\n- a list\n",
+            ": expected a mapping of sections (verifier, prepare, generate, extract, vocab, train, export, evaluate, "
+            "report), got list",
+        ),
     ],
 )
 def test_unparseable_params(tmp_path, text, message):

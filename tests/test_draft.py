@@ -8,17 +8,25 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from eagle3.formats.exported_draft import check_draft, write_drafts
+from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.stages.vocab import mapping, select
+
 from conftest import eagle3
-from eagle3.export import write_drafts
-from eagle3.model import DraftConfig, Eagle3Draft
-from eagle3.params.export import ExportParams
-from eagle3.validate import check_draft
-from eagle3.vocab import mapping, select
 
 VERIFIER = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64, "num_hidden_layers": 12, "vocab_size": 100,
-    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_size": 64,
+    "num_hidden_layers": 12,
+    "vocab_size": 100,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
 }
 
@@ -117,8 +125,17 @@ def exported(tmp_path):
     (verifier / "config.json").write_text(json.dumps(VERIFIER))
     chosen = torch.arange(0, 80, 2)
     d2t, t2d = mapping(chosen, 100)
-    provenance = {"name": "tiny/verifier", "architectures": ["LlamaForCausalLM"]}
-    write_drafts(tiny_draft(), d2t, t2d, ExportParams(), provenance, tmp_path / "draft", tmp_path / "speculators")
+    write_drafts(
+        tiny_draft(),
+        d2t,
+        t2d,
+        tmp_path / "draft",
+        tmp_path / "speculators",
+        dtype="bfloat16",
+        num_speculative_tokens=3,
+        verifier_name="tiny/verifier",
+        verifier_architectures=["LlamaForCausalLM"],
+    )
     return tmp_path
 
 
@@ -162,16 +179,32 @@ def _edit_tensors(directory, **changes):
     save_file(tensors, path)
 
 
-@pytest.mark.parametrize("breakage, expected", [
-    (lambda d: _edit_config(d, eagle_config={}), "eagle_aux_hidden_state_layer_ids is missing"),
-    (lambda d: _edit_config(d, tie_word_embeddings=True), "tie_word_embeddings must be false"),
-    (lambda d: _edit_config(d, max_position_embeddings=128), "max_position_embeddings is 128, must be >= the verifier's 256"),
-    (lambda d: _edit_config(d, num_key_value_heads=4), "num_key_value_heads is 4, the verifier needs 2"),
-    (lambda d: _edit_tensors(d, d2t=torch.arange(0, 40).float()), "tensor d2t has dtype float32, expected int64"),
-    (lambda d: _edit_tensors(d, **{"fc.weight": torch.zeros(32, 64, dtype=torch.bfloat16)}),
-     "tensor fc.weight has shape [32, 64], expected [32, 96]"),
-    (lambda d: _edit_tensors(d, d2t=torch.zeros(40, dtype=torch.int64)), "t2d does not mark exactly the target tokens"),
-])
+@pytest.mark.parametrize(
+    "breakage, expected",
+    [
+        (lambda d: _edit_config(d, eagle_config={}), "eagle_aux_hidden_state_layer_ids is missing"),
+        (lambda d: _edit_config(d, tie_word_embeddings=True), "tie_word_embeddings must be false"),
+        (
+            lambda d: _edit_config(d, max_position_embeddings=128),
+            "max_position_embeddings is 128, must be >= the verifier's 256",
+        ),
+        (lambda d: _edit_config(d, num_key_value_heads=4), "num_key_value_heads is 4, the verifier needs 2"),
+        (lambda d: _edit_tensors(d, d2t=torch.arange(0, 40).float()), "tensor d2t has dtype float32, expected int64"),
+        # A dtype the contract never uses is named as safetensors stores it, not mistaken for another.
+        (
+            lambda d: _edit_tensors(d, d2t=torch.arange(0, 40, dtype=torch.int32)),
+            "tensor d2t has dtype I32, expected int64",
+        ),
+        (
+            lambda d: _edit_tensors(d, **{"fc.weight": torch.zeros(32, 64, dtype=torch.bfloat16)}),
+            "tensor fc.weight has shape [32, 64], expected [32, 96]",
+        ),
+        (
+            lambda d: _edit_tensors(d, d2t=torch.zeros(40, dtype=torch.int64)),
+            "t2d does not mark exactly the target tokens",
+        ),
+    ],
+)
 def test_validate_draft_names_each_mismatch_in_one_line(exported, breakage, expected):
     breakage(exported / "draft")
     result = eagle3(exported, "validate-draft", "draft", "--verifier", "verifier", check=False)

@@ -9,10 +9,11 @@ import time
 import pytest
 import torch
 
+from eagle3.formats.provenance import read_provenance
+from eagle3.formats.shards import HiddenStateDataset, ShardReader
+from eagle3.formats.synthetic import iter_records
+
 from conftest import eagle3, write_params
-from eagle3.layout import read_provenance
-from eagle3.shards import HiddenStateDataset, ShardReader
-from eagle3.synthetic import iter_records
 from fake_openai import FakeServer, completion
 from test_generate import _params, project
 
@@ -55,7 +56,8 @@ def test_states_match_an_unbatched_forward_and_layers_are_in_vllm_order(extracte
         sample = reader.read(position)
         with torch.no_grad():
             states = model(sample.input_ids[None], output_hidden_states=True).hidden_states
-        assert len(states) == provenance["num_hidden_layers"] + 1
+        assert len(states) == provenance.num_hidden_layers + 1
+
         def error(stored, layer, states=states):
             expected = states[layer][0].float()
             return ((stored.float() - expected).norm() / expected.norm()).item()
@@ -109,8 +111,13 @@ def test_sigkill_then_rerun_is_byte_identical(extracted, verifier_project, tmp_p
     with FakeServer(_answer) as server:
         root = project(tmp_path, verifier_project, _extract_params(server.url))
         eagle3(root, "generate")
-    process = subprocess.Popen([sys.executable, "-m", "eagle3.cli", "extract"], cwd=root, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "eagle3.cli", "extract"],
+        cwd=root,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not _shards(root) and time.monotonic() < deadline:
         assert process.poll() is None
@@ -136,14 +143,18 @@ def test_truncation_is_counted_and_refusals_are_one_line(extracted, tmp_path):
     write_params(root, _extract_params(url, reserve_free_gb=1e9))
     result = eagle3(root, "extract", check=False)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].endswith(
-        "GB are free; free space, lower extract.reserve_free_gb, or set extract.ignore_disk_check: true")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith("GB are free; free space, lower extract.reserve_free_gb, or set extract.ignore_disk_check: true")
+    )
     assert not _shards(root)
 
     write_params(root, _extract_params(url, aux_layer_ids=[2, 15, 40]))
     result = eagle3(root, "extract", check=False)
     assert result.stderr.strip().splitlines()[-1] == (
-        "eagle3 extract: error: extract.aux_layer_ids: [2, 15, 40] must be < 30 (the verifier's layer count)")
+        "eagle3 extract: error: extract.aux_layer_ids: [2, 15, 40] must be < 30 (the verifier's layer count)"
+    )
 
     write_params(root, _extract_params(url, max_seq_len=40))
     eagle3(root, "extract")

@@ -10,8 +10,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3.formats.synthetic import finished_parts, iter_records
+
 from conftest import eagle3, make_project, smoke_params
-from eagle3.synthetic import finished_parts, iter_records
 
 pytestmark = pytest.mark.slow
 
@@ -106,8 +107,11 @@ def test_vllm_backend_regenerates_every_turn(vllm_run):
 def test_sigkill_then_rerun_equals_uninterrupted_run(vllm_run, verifier_project, tmp_path):
     root = project(tmp_path, verifier_project, _params())
     process = subprocess.Popen(
-        [sys.executable, "-m", "eagle3.cli", "generate"], cwd=root, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "eagle3.cli", "generate"],
+        cwd=root,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 300
     while not finished_parts(root / "data/synthetic/train") and time.monotonic() < deadline:
@@ -147,28 +151,32 @@ def test_ranks_on_separate_machines_merge_to_the_single_run(verifier_project, tm
 def test_changed_settings_discard_old_parts_and_execution_settings_do_not(verifier_project, tmp_path):
     server_params = {"backend": "openai", "openai": {"base_urls": ["http://127.0.0.1:9/v1"], "model": "m"}}
     root = project(tmp_path, verifier_project, _params(server_params))
-    from conftest import write_params
     from eagle3.config import load_params
-    from eagle3.files import resume_or_reset
-    from eagle3.generate import _run_key
+    from eagle3.formats.provenance import read_provenance
+    from eagle3.resume import resume_or_reset, run_key
+    from eagle3.stages.generate import run_settings
 
-    def key(params: dict) -> str:
-        return _run_key(load_params(write_params(root, params)).generate, json.loads(
-            (root / "models/verifier/provenance.json").read_text()), root)
+    from conftest import write_params
 
-    base_key, settings = key(_params(server_params))
+    def settings(params: dict) -> dict:
+        return run_settings(load_params(write_params(root, params)).generate, read_provenance(root), root)
+
+    base = settings(_params(server_params))
     out = root / "data/synthetic"
-    resume_or_reset(out, base_key, settings)
+    resume_or_reset(out, base)
     (out / "train").mkdir()
     (out / "train/part-00000.jsonl.zst").write_bytes(b"x")
 
-    faster = _params({**server_params, "openai": {**server_params["openai"], "concurrency": 99, "timeout_s": 5}})
-    assert key(faster)[0] == base_key
-    resume_or_reset(out, key(faster)[0], settings)
+    faster = settings(
+        _params({**server_params, "openai": {**server_params["openai"], "concurrency": 99, "timeout_s": 5}})
+    )
+    assert run_key(faster) == run_key(base)
+    assert resume_or_reset(out, faster) == (run_key(base), True)
     assert (out / "train/part-00000.jsonl.zst").exists()
 
-    hotter_key, hotter = key(_params({**server_params, "sampling": {"temperature": 0.7}}))
-    assert hotter_key != base_key
-    resume_or_reset(out, hotter_key, hotter)
+    hotter = settings(_params({**server_params, "sampling": {"temperature": 0.7}}))
+    hotter_key = run_key(hotter)
+    assert hotter_key != run_key(base)
+    assert resume_or_reset(out, hotter) == (hotter_key, False)
     assert not (out / "train").exists()
     assert json.loads((out / "run.json").read_text())["key"] == hotter_key

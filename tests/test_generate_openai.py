@@ -1,4 +1,5 @@
-"""The openai backend: faults, skips and reasoning against scripted servers, and a real `vllm serve` restarted mid-run."""
+"""The openai backend: faults, skips and reasoning against scripted servers, and a real `vllm serve`
+restarted mid-run."""
 
 import json
 import os
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from eagle3.chat.reasoning import render
+
 from conftest import eagle3, write_params
-from eagle3.reasoning import render
 from fake_openai import FakeServer, completion
 from test_generate import _params, output_files, prepared, project, records
 
@@ -22,8 +24,18 @@ pytestmark = pytest.mark.slow
 
 
 def _openai(url: str, **settings) -> dict:
-    return {"backend": "openai", "openai": {"base_urls": [url], "model": "verifier", "max_retries": 2,
-                                            "backoff_s": 0.05, "max_backoff_s": 0.1, "concurrency": 4, **settings}}
+    return {
+        "backend": "openai",
+        "openai": {
+            "base_urls": [url],
+            "model": "verifier",
+            "max_retries": 2,
+            "backoff_s": 0.05,
+            "max_backoff_s": 0.1,
+            "concurrency": 4,
+            **settings,
+        },
+    }
 
 
 def _free_port() -> int:
@@ -115,7 +127,8 @@ def test_context_overflow_is_a_counted_skip(verifier_project, tmp_path):
 
 REASONING_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'assistant' and m.get('reasoning_content') %}<think>{{ m['reasoning_content'] }}</think>{% endif %}"
+    "{% if m['role'] == 'assistant' and m.get('reasoning_content') %}<think>{{ m['reasoning_content'] }}</think>{% "
+    "endif %}"
     "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
@@ -144,7 +157,9 @@ def test_reasoning_is_kept_and_rendered_as_in_serving(verifier_project, tmp_path
     assert {t["reasoning_format"] for r in inline for t in r["turns"]} == {"inline"}
     metrics = json.loads((root / "metrics/generate.json").read_text())
     assert metrics["turns_with_reasoning"] == {
-        "field": sum(len(r["turns"]) for r in parsed), "inline": sum(len(r["turns"]) for r in inline)}
+        "field": sum(len(r["turns"]) for r in parsed),
+        "inline": sum(len(r["turns"]) for r in inline),
+    }
 
     tokenizer = AutoTokenizer.from_pretrained(root / "models/verifier")
     record = parsed[0]
@@ -163,10 +178,30 @@ def test_reasoning_is_kept_and_rendered_as_in_serving(verifier_project, tmp_path
 def _serve(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-         "--served-model-name", "verifier", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512",
-         "--enforce-eager", "--gpu-memory-utilization", "0.3", "--dtype", "bfloat16"],
-        env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            "verifier",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "512",
+            "--enforce-eager",
+            "--gpu-memory-utilization",
+            "0.3",
+            "--dtype",
+            "bfloat16",
+        ],
+        env=env,
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -191,8 +226,13 @@ def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path
     server = _serve(root / "models/verifier", port, log)
     try:
         _wait_healthy(port, server, log)
-        run = subprocess.Popen([sys.executable, "-m", "eagle3.cli", "generate"], cwd=root, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=open(tmp_path / "generate.log", "wb"))
+        run = subprocess.Popen(
+            [sys.executable, "-m", "eagle3.cli", "generate"],
+            cwd=root,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "generate.log", "wb"),
+        )
         deadline = time.monotonic() + 300
         while not list((root / "data/synthetic").glob("*/part-*")) and time.monotonic() < deadline:
             assert run.poll() is None, (tmp_path / "generate.log").read_text()[-3000:]
@@ -218,7 +258,9 @@ def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path
 
 def test_last_turn_mode_and_history_overflow(verifier_project, tmp_path):
     with FakeServer(lambda body: completion(f"reply #{len(body['messages'])}")) as server:
-        root = project(tmp_path / "last", verifier_project, _params({**_openai(server.url), "turns": "last"}, shipped_rows=120))
+        root = project(
+            tmp_path / "last", verifier_project, _params({**_openai(server.url), "turns": "last"}, shipped_rows=120)
+        )
         eagle3(root, "generate")
         assert len(server.requests) == sum(len(split) for split in prepared(root).values())  # one request per sample
 

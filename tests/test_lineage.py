@@ -21,11 +21,12 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from conftest import REPO, eagle3, smoke_params, write_params
-from eagle3 import licenses, model_card
 from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
-from eagle3.lineage import require_report_covers
+from eagle3.publish import licenses, model_card
+from eagle3.publish.dvc_graph import require_report_covers
+
+from conftest import REPO, eagle3, smoke_params, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +34,13 @@ VERIFIER_NAME = "moonshotai/Kimi-K2.5"
 SECRET_IN_CONFIG_LOCAL = "AKIAsecretLocalValue42"
 PASSWORD_IN_REMOTE_URL = "hunter2remotePassword"
 
-STAND_INS = '''
+STAND_INS = """
 import hashlib, json, sys
 from pathlib import Path
 
 def digest(*paths):
-    return hashlib.sha256(b"".join(sorted(p.read_bytes() for d in paths for p in sorted(Path(d).rglob("*")) if p.is_file()))).hexdigest()
+    files = (p for d in paths for p in sorted(Path(d).rglob("*")) if p.is_file())
+    return hashlib.sha256(b"".join(sorted(p.read_bytes() for p in files))).hexdigest()
 
 if sys.argv[1] == "export":
     config = json.loads(Path("fixture/draft_config.json").read_text())
@@ -49,7 +51,7 @@ if sys.argv[1] == "export":
 else:
     Path("metrics").mkdir(exist_ok=True)
     Path("metrics/eval.json").write_text(Path("fixture/eval.json").read_text())
-'''
+"""
 
 DRAFT_CONFIG = {
     "architectures": ["LlamaForCausalLMEagle3"],
@@ -61,12 +63,42 @@ DRAFT_CONFIG = {
 }
 EVAL = {
     "runs": [
-        {"method": "none", "k": None, "temperature": 0.0, "prompts": 2, "output_tokens": 100, "tokens_per_step": 1.0,
-         "mean_acceptance_length": None, "acceptance_by_position": [], "output_tokens_per_s": 50.0, "lossless_identical": None},
-        {"method": "ngram", "k": 3, "temperature": 0.0, "prompts": 2, "output_tokens": 100, "tokens_per_step": 1.27,
-         "mean_acceptance_length": 1.9, "acceptance_by_position": [0.3, 0.2, 0.1], "output_tokens_per_s": 45.0, "lossless_identical": 2},
-        {"method": "eagle3", "k": 3, "temperature": 0.0, "prompts": 2, "output_tokens": 100, "tokens_per_step": 1.84,
-         "mean_acceptance_length": 2.1, "acceptance_by_position": [0.6, 0.4, 0.2], "output_tokens_per_s": 40.0, "lossless_identical": 2},
+        {
+            "method": "none",
+            "k": None,
+            "temperature": 0.0,
+            "prompts": 2,
+            "output_tokens": 100,
+            "tokens_per_step": 1.0,
+            "mean_acceptance_length": None,
+            "acceptance_by_position": [],
+            "output_tokens_per_s": 50.0,
+            "lossless_identical": None,
+        },
+        {
+            "method": "ngram",
+            "k": 3,
+            "temperature": 0.0,
+            "prompts": 2,
+            "output_tokens": 100,
+            "tokens_per_step": 1.27,
+            "mean_acceptance_length": 1.9,
+            "acceptance_by_position": [0.3, 0.2, 0.1],
+            "output_tokens_per_s": 45.0,
+            "lossless_identical": 2,
+        },
+        {
+            "method": "eagle3",
+            "k": 3,
+            "temperature": 0.0,
+            "prompts": 2,
+            "output_tokens": 100,
+            "tokens_per_step": 1.84,
+            "mean_acceptance_length": 2.1,
+            "acceptance_by_position": [0.6, 0.4, 0.2],
+            "output_tokens_per_s": 40.0,
+            "lossless_identical": 2,
+        },
     ],
     "headline": {"tokens_per_step_k3_greedy": 1.84, "ngram_tokens_per_step_k3_greedy": 1.27},
 }
@@ -86,26 +118,51 @@ DVC_YAML = {
         },
         "evaluate": {
             "cmd": "python tools/stand_ins.py evaluate",
-            "deps": ["tools/stand_ins.py", "fixture/eval.json", "models/draft/config.json", "models/draft/model.safetensors"],
+            "deps": [
+                "tools/stand_ins.py",
+                "fixture/eval.json",
+                "models/draft/config.json",
+                "models/draft/model.safetensors",
+            ],
             "metrics": [{"metrics/eval.json": {"cache": False}}],
         },
         "report": {
             "cmd": "python -m eagle3.cli lineage",
-            "deps": ["tools", "fixture", "prompts", "models/verifier", "data/prepared", "models/draft/config.json",
-                     "models/draft/model.safetensors", "metrics/eval.json"],
+            "deps": [
+                "tools",
+                "fixture",
+                "prompts",
+                "models/verifier",
+                "data/prepared",
+                "models/draft/config.json",
+                "models/draft/model.safetensors",
+                "metrics/eval.json",
+            ],
             "params": [{"params.yaml": None}],
-            "outs": [{"reports/lineage.json": {"cache": False}}, {"reports/lineage.md": {"cache": False}}, "models/draft/README.md"],
+            "outs": [
+                {"reports/lineage.json": {"cache": False}},
+                {"reports/lineage.md": {"cache": False}},
+                "models/draft/README.md",
+            ],
         },
     }
 }
-DOWNSTREAM_OF_PROMPTS = {"data/prepared", "models/draft/config.json", "models/draft/model.safetensors", "metrics/eval.json"}
+DOWNSTREAM_OF_PROMPTS = {
+    "data/prepared",
+    "models/draft/config.json",
+    "models/draft/model.safetensors",
+    "metrics/eval.json",
+}
 
 
 def _env() -> dict:
     return {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
     }
 
 
@@ -118,8 +175,15 @@ def _run(root: Path, *command: str, check: bool = True, env: dict | None = None)
 
 def _tiny_verifier(directory: Path) -> Path:
     directory.mkdir(parents=True)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16, "num_hidden_layers": 6,
-              "num_attention_heads": 2, "vocab_size": 64, "max_position_embeddings": 128}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 16,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 2,
+        "vocab_size": 64,
+        "max_position_embeddings": 128,
+    }
     (directory / "config.json").write_text(json.dumps(config))
     (directory / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
     (directory / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
@@ -127,9 +191,13 @@ def _tiny_verifier(directory: Path) -> Path:
     return directory
 
 
-def _params(root: Path, verifier_dir: Path, verifier_license: str, dataset_license: str, report: dict | None = None) -> None:
+def _params(
+    root: Path, verifier_dir: Path, verifier_license: str, dataset_license: str, report: dict | None = None
+) -> None:
     params = smoke_params()
-    params["verifier"] = {"source": {"kind": "local", "path": str(verifier_dir), "name": VERIFIER_NAME, "license": verifier_license}}
+    params["verifier"] = {
+        "source": {"kind": "local", "path": str(verifier_dir), "name": VERIFIER_NAME, "license": verifier_license}
+    }
     params["prepare"] = {
         "sources": [{"kind": "local", "name": "tiny", "path": "prompts/tiny.jsonl", "license": dataset_license}],
         "heldout_rows": 2,
@@ -141,9 +209,13 @@ def _params(root: Path, verifier_dir: Path, verifier_license: str, dataset_licen
 def _project(tmp_path: Path, verifier_license="apache-2.0", dataset_license="apache-2.0", report=None) -> Path:
     root = tmp_path / "project"
     (root / "prompts").mkdir(parents=True)
-    rows = [{"messages": [{"role": "user", "content": f"Question number {i}: what is {i} squared?"}], "source": "tiny/math"}
-            for i in range(6)]
-    rows += [{"messages": [{"role": "user", "content": f"Question number {i}: what is {i} squared?"}]} for i in range(6, 12)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"Question number {i}: what is {i} squared?"}], "source": "tiny/math"}
+        for i in range(6)
+    ]
+    rows += [
+        {"messages": [{"role": "user", "content": f"Question number {i}: what is {i} squared?"}]} for i in range(6, 12)
+    ]
     (root / "prompts/tiny.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (root / "tools").mkdir()
     (root / "tools/stand_ins.py").write_text(STAND_INS)
@@ -170,31 +242,49 @@ def _front_matter(card: str) -> dict:
 
 
 def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
-    root = _project(tmp_path, verifier_license="modified-mit", report={
-        "license_overrides": [{"license": "modified-mit", "reason": "Kimi's modified MIT allows redistribution; the card names Kimi-K2.5."}],
-        "draft_repo": "example-org/Kimi-K2.5-EAGLE3",
-    })
+    root = _project(
+        tmp_path,
+        verifier_license="modified-mit",
+        report={
+            "license_overrides": [
+                {
+                    "license": "modified-mit",
+                    "reason": "Kimi's modified MIT allows redistribution; the card names Kimi-K2.5.",
+                }
+            ],
+            "draft_repo": "example-org/Kimi-K2.5-EAGLE3",
+        },
+    )
     ran = _run(root, "dvc", "repro").stdout
     assert re.findall(r"Running stage '(\w+)'", ran) == ["verifier", "prepare", "export", "evaluate", "report"]
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     lineage = _lineage(root)
 
     # Every artifact of every other stage, with the hashes dvc.lock holds, its maker and its upstream.
-    locked_outs = {out["path"]: (name, out) for name, stage in lock.items() if name != "report" for out in stage["outs"]}
+    locked_outs = {
+        out["path"]: (name, out) for name, stage in lock.items() if name != "report" for out in stage["outs"]
+    }
     assert set(lineage["artifacts"]) == set(locked_outs)
     for path, (stage, out) in locked_outs.items():
         artifact = lineage["artifacts"][path]
         assert (artifact["stage"], artifact["md5"], artifact["size"]) == (stage, out["md5"], out["size"])
     assert lineage["artifacts"]["models/verifier"]["upstream"] == []
     assert lineage["artifacts"]["metrics/eval.json"]["upstream"] == [
-        "data/prepared", "models/draft/config.json", "models/draft/model.safetensors", "models/verifier"]
+        "data/prepared",
+        "models/draft/config.json",
+        "models/draft/model.safetensors",
+        "models/verifier",
+    ]
     assert lineage["order"] == ["verifier", "prepare", "export", "evaluate"]
     assert lineage["sources"]["prompts/tiny.jsonl"]["used_by"] == ["prepare"]
     assert lineage["stages"]["prepare"]["params"]["params.yaml"]["prepare"]["heldout_rows"] == 2
     assert lineage["code"]["commit"] == _run(root, "git", "rev-parse", "HEAD").stdout.strip()
     assert '-->|"data/prepared"|' in lineage["dag_mermaid"]
     decisions = {d["kind"]: d for d in lineage["licenses"]["decisions"]}
-    assert decisions["verifier"]["class"] == "conditional" and "names Kimi-K2.5" in decisions["verifier"]["override_reason"]
+    assert (
+        decisions["verifier"]["class"] == "conditional"
+        and "names Kimi-K2.5" in decisions["verifier"]["override_reason"]
+    )
     assert decisions["dataset"]["class"] == "permissive" and decisions["dataset"]["override_reason"] is None
     markdown = (root / "reports/lineage.md").read_text()
     assert "override: Kimi's modified MIT allows redistribution" in markdown
@@ -204,31 +294,52 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     meta = _front_matter(card)
     assert (meta["license"], meta["license_name"]) == ("other", "modified-mit")
     assert meta["base_model"] == VERIFIER_NAME
-    assert meta["training_data"] == [{"name": "tiny", "path": "prompts/tiny.jsonl",
-                                      "sha256": lineage["inputs"]["datasets"][0]["sha256"], "license": "apache-2.0"}]
+    assert meta["training_data"] == [
+        {
+            "name": "tiny",
+            "path": "prompts/tiny.jsonl",
+            "sha256": lineage["inputs"]["datasets"][0]["sha256"],
+            "license": "apache-2.0",
+        }
+    ]
     assert set(model_card.TAGS) <= set(meta["tags"]) and meta["pipeline_tag"] == "text-generation"
     values = [metric["value"] for metric in meta["model-index"][0]["results"][0]["metrics"]]
     assert values == [1.84, 1.27, 2.1]
-    assert ("vllm serve moonshotai/Kimi-K2.5 --speculative-config "
-            """'{"method": "eagle3", "model": "example-org/Kimi-K2.5-EAGLE3", "num_speculative_tokens": 3}'""") in card
+    assert (
+        "vllm serve moonshotai/Kimi-K2.5 --speculative-config "
+        """'{"method": "eagle3", "model": "example-org/Kimi-K2.5-EAGLE3", "num_speculative_tokens": 3}'"""
+    ) in card
     assert "| eagle3 | 3 | 0.0 | 2 | 100 | 1.84 | 2.10 | 0.60, 0.40, 0.20 |" in card
     assert "names Kimi-K2.5" in card and lineage["card"]["sha256"] in (root / "reports/lineage.json").read_text()
 
     # The verifier's absolute path outside the project is reduced to its name everywhere.
     for text in (card, markdown, (root / "reports/lineage.json").read_text()):
         assert str(tmp_path) not in text
-    assert '"path": "<local>/Kimi-K2.5"' in markdown and lineage["inputs"]["verifier"]["source"]["path"] == "<local>/Kimi-K2.5"
+    assert (
+        '"path": "<local>/Kimi-K2.5"' in markdown
+        and lineage["inputs"]["verifier"]["source"]["path"] == "<local>/Kimi-K2.5"
+    )
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status").stdout
     assert eagle3(root, "lineage", "--check").returncode == 0
 
     # One byte of one input: exactly the artifacts downstream of it get a new lineage.
     prompts = root / "prompts/tiny.jsonl"
     prompts.write_bytes(prompts.read_bytes().replace(b"number 7", b"number 8", 1))
-    assert re.findall(r"Running stage '(\w+)'", _run(root, "dvc", "repro").stdout) == ["prepare", "export", "evaluate", "report"]
+    assert re.findall(r"Running stage '(\w+)'", _run(root, "dvc", "repro").stdout) == [
+        "prepare",
+        "export",
+        "evaluate",
+        "report",
+    ]
     changed = _lineage(root)
-    assert {path for path in lineage["artifacts"] if lineage["artifacts"][path] != changed["artifacts"][path]} == DOWNSTREAM_OF_PROMPTS
-    assert {path for path in lineage["artifacts"]
-            if lineage["artifacts"][path]["lineage_sha256"] != changed["artifacts"][path]["lineage_sha256"]} == DOWNSTREAM_OF_PROMPTS
+    assert {
+        path for path in lineage["artifacts"] if lineage["artifacts"][path] != changed["artifacts"][path]
+    } == DOWNSTREAM_OF_PROMPTS
+    assert {
+        path
+        for path in lineage["artifacts"]
+        if lineage["artifacts"][path]["lineage_sha256"] != changed["artifacts"][path]["lineage_sha256"]
+    } == DOWNSTREAM_OF_PROMPTS
     # metrics/eval.json has the same bytes (evaluate copied the same numbers), but it was made from a different draft.
     assert lineage["artifacts"]["metrics/eval.json"]["md5"] == changed["artifacts"]["metrics/eval.json"]["md5"]
     assert eagle3(root, "lineage", "--check").returncode == 0
@@ -276,7 +387,10 @@ def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path)
     root = _project(tmp_path, dataset_license="cc-by-nc-4.0")
     failed = _run(root, "dvc", "repro", check=False)
     assert failed.returncode != 0
-    assert "license gate: 1 input(s) do not allow publishing derived weights: dataset 'tiny' is cc-by-nc-4.0 (forbidden: non-commercial)" in failed.stderr
+    assert (
+        "license gate: 1 input(s) do not allow publishing derived weights: dataset 'tiny' is cc-by-nc-4.0 (forbidden: "
+        "non-commercial)" in failed.stderr
+    )
     assert not (root / "reports/lineage.json").exists() and not (root / "models/draft/README.md").exists()
 
     _params(root, tmp_path / "outside/Kimi-K2.5", verifier_license="other", dataset_license="some-custom-terms")
@@ -286,8 +400,13 @@ def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path)
     assert "dataset 'tiny' is some-custom-terms (unknown" in failed.stderr
 
     reason = "Written permission from the dataset's authors, 2026-11-02, ticket LEGAL-42."
-    _params(root, tmp_path / "outside/Kimi-K2.5", verifier_license="apache-2.0", dataset_license="cc-by-nc-4.0",
-            report={"license_overrides": [{"license": "cc-by-nc-4.0", "reason": reason}]})
+    _params(
+        root,
+        tmp_path / "outside/Kimi-K2.5",
+        verifier_license="apache-2.0",
+        dataset_license="cc-by-nc-4.0",
+        report={"license_overrides": [{"license": "cc-by-nc-4.0", "reason": reason}]},
+    )
     _run(root, "dvc", "repro")
     decision = next(d for d in _lineage(root)["licenses"]["decisions"] if d["kind"] == "dataset")
     assert (decision["class"], decision["allowed"], decision["override_reason"]) == ("forbidden", True, reason)
@@ -306,13 +425,29 @@ def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path)
 
 def test_no_secrets_or_local_paths_are_published(tmp_path):
     root = _project(tmp_path)
-    _run(root, "dvc", "remote", "add", "-d", "storage", f"https://alice:{PASSWORD_IN_REMOTE_URL}@dvc.example.com/store?sig=abc")
+    _run(
+        root,
+        "dvc",
+        "remote",
+        "add",
+        "-d",
+        "storage",
+        f"https://alice:{PASSWORD_IN_REMOTE_URL}@dvc.example.com/store?sig=abc",
+    )
     _run(root, "dvc", "remote", "modify", "--local", "storage", "password", SECRET_IN_CONFIG_LOCAL)
     _run(root, "dvc", "repro")
-    outputs = [(root / name).read_text() for name in ("reports/lineage.json", "reports/lineage.md", "models/draft/README.md")]
+    outputs = [
+        (root / name).read_text() for name in ("reports/lineage.json", "reports/lineage.md", "models/draft/README.md")
+    ]
     assert _lineage(root)["remotes"] == [{"name": "storage", "url": "https://dvc.example.com/store", "default": True}]
     for text in outputs:
-        for leak in (SECRET_IN_CONFIG_LOCAL, PASSWORD_IN_REMOTE_URL, "alice", str(tmp_path), os.path.expanduser("~") + "/"):
+        for leak in (
+            SECRET_IN_CONFIG_LOCAL,
+            PASSWORD_IN_REMOTE_URL,
+            "alice",
+            str(tmp_path),
+            os.path.expanduser("~") + "/",
+        ):
             assert leak not in text
 
     # A secret that reaches an output by any other route (here a token pasted into the repo name) stops publication.
@@ -321,7 +456,9 @@ def test_no_secrets_or_local_paths_are_published(tmp_path):
     params["report"]["draft_repo"] = f"example-org/{token}"
     write_params(root, params)
     leaked = eagle3(root, "lineage", check=False, env={"HF_TOKEN": token})
-    assert leaked.returncode == 2 and "would publish environment variable HF_TOKEN; nothing was written" in leaked.stderr
+    assert (
+        leaked.returncode == 2 and "would publish environment variable HF_TOKEN; nothing was written" in leaked.stderr
+    )
     assert token not in leaked.stderr and token not in (root / "reports/lineage.json").read_text()
 
 
@@ -334,18 +471,35 @@ def test_real_dvc_yaml_report_stage_is_last_and_covers_every_stage():
         deps = set(stage.get("deps", []))
         assert not deps & report_outs, f"stage {name} must not read the report's outputs"
 
-    extra = dict(definitions, later={"cmd": "x", "deps": ["data/new-input.jsonl"], "params": [{"other.yaml": ["lr"]}], "outs": ["out/x"]})
-    with pytest.raises(Eagle3Error, match=r"data/new-input.jsonl \(dep of later\), out/x \(out of later\), param lr \(later\)"):
+    extra = dict(
+        definitions,
+        later={"cmd": "x", "deps": ["data/new-input.jsonl"], "params": [{"other.yaml": ["lr"]}], "outs": ["out/x"]},
+    )
+    with pytest.raises(
+        Eagle3Error, match=r"data/new-input.jsonl \(dep of later\), out/x \(out of later\), param lr \(later\)"
+    ):
         require_report_covers(extra)
 
 
 @pytest.mark.parametrize(
     "license_id, expected",
     [
-        ("Apache 2.0", "permissive"), ("MIT", "permissive"), ("cc-by-4.0", "permissive"), ("CC0-1.0", "permissive"),
-        ("cc-by-sa-4.0", "conditional"), ("modified-mit", "conditional"), ("llama3.1", "conditional"), ("gemma", "conditional"),
-        ("cc-by-nc-4.0", "forbidden"), ("cc-by-nc-sa-4.0", "forbidden"), ("cc-by-nd-4.0", "forbidden"), ("cc-by-nc-nd-3.0", "forbidden"),
-        ("", "unknown"), (None, "unknown"), ("other", "unknown"), ("my-own-license", "unknown"),
+        ("Apache 2.0", "permissive"),
+        ("MIT", "permissive"),
+        ("cc-by-4.0", "permissive"),
+        ("CC0-1.0", "permissive"),
+        ("cc-by-sa-4.0", "conditional"),
+        ("modified-mit", "conditional"),
+        ("llama3.1", "conditional"),
+        ("gemma", "conditional"),
+        ("cc-by-nc-4.0", "forbidden"),
+        ("cc-by-nc-sa-4.0", "forbidden"),
+        ("cc-by-nd-4.0", "forbidden"),
+        ("cc-by-nc-nd-3.0", "forbidden"),
+        ("", "unknown"),
+        (None, "unknown"),
+        ("other", "unknown"),
+        ("my-own-license", "unknown"),
     ],
 )
 def test_license_classes(license_id, expected):
@@ -358,15 +512,32 @@ def test_card_metadata_pins_hub_datasets_by_revision():
         "inputs": {
             "verifier": {"name": "HuggingFaceTB/SmolLM2-135M-Instruct"},
             "datasets": [
-                {"name": "blend", "kind": "hf", "dataset": "mlabonne/open-perfectblend", "revision": revision, "license": "apache-2.0"},
-                {"name": "local", "kind": "local", "path": "data/prompts/p.jsonl", "sha256": "ab" * 32, "license": "mit"},
+                {
+                    "name": "blend",
+                    "kind": "hf",
+                    "dataset": "mlabonne/open-perfectblend",
+                    "revision": revision,
+                    "license": "apache-2.0",
+                },
+                {
+                    "name": "local",
+                    "kind": "local",
+                    "path": "data/prompts/p.jsonl",
+                    "sha256": "ab" * 32,
+                    "license": "mit",
+                },
             ],
         },
         "licenses": {"draft": "apache-2.0"},
     }
     meta = yaml.safe_load(yaml.safe_dump(model_card.metadata(lineage, EVAL, "x/y")))
     assert meta["datasets"] == ["mlabonne/open-perfectblend"]
-    assert meta["training_data"][0] == {"name": "blend", "dataset": "mlabonne/open-perfectblend", "revision": revision, "license": "apache-2.0"}
+    assert meta["training_data"][0] == {
+        "name": "blend",
+        "dataset": "mlabonne/open-perfectblend",
+        "revision": revision,
+        "license": "apache-2.0",
+    }
     assert meta["training_data"][1]["sha256"] == "ab" * 32
     assert meta["license"] == "apache-2.0" and "license_name" not in meta
 
@@ -374,13 +545,23 @@ def test_card_metadata_pins_hub_datasets_by_revision():
 @pytest.mark.parametrize(
     "report, message",
     [
-        ({"license_overrides": [{"license": "cc-by-nc-4.0", "reason": "fine"}]},
-         "report.license_overrides[0].reason: string should have at least 20 characters"),
-        ({"license_overrides": [{"license": "cc-by-nc-4.0", "reason": "approved-by-legal-team-yes"}]},
-         "report.license_overrides[0].reason: reason must say in a sentence why publishing is allowed"),
-        ({"license_overrides": [{"license": "gemma", "reason": "We signed the Gemma terms, see LEGAL-7."},
-                                {"license": "Gemma", "reason": "We signed the Gemma terms, see LEGAL-8."}]},
-         "report.license_overrides: each license may be overridden once, repeated: gemma"),
+        (
+            {"license_overrides": [{"license": "cc-by-nc-4.0", "reason": "fine"}]},
+            "report.license_overrides[0].reason: string should have at least 20 characters",
+        ),
+        (
+            {"license_overrides": [{"license": "cc-by-nc-4.0", "reason": "approved-by-legal-team-yes"}]},
+            "report.license_overrides[0].reason: reason must say in a sentence why publishing is allowed",
+        ),
+        (
+            {
+                "license_overrides": [
+                    {"license": "gemma", "reason": "We signed the Gemma terms, see LEGAL-7."},
+                    {"license": "Gemma", "reason": "We signed the Gemma terms, see LEGAL-8."},
+                ]
+            },
+            "report.license_overrides: each license may be overridden once, repeated: gemma",
+        ),
         ({"licence": "mit"}, "report.licence: unknown key"),
     ],
 )

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3.formats.synthetic import iter_records
+
 from conftest import make_project, write_params
-from eagle3.synthetic import iter_records
 
 pytestmark = pytest.mark.slow
 
@@ -77,8 +78,14 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     assert "metrics/eval.json" in shown and "metrics/train/metrics.json" in shown
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     outs = {out["path"] for stage in lock["stages"].values() for out in stage.get("outs", [])}
-    assert {"models/draft/config.json", "models/draft/model.safetensors", "models/draft/README.md",
-            "checkpoints", "data/vocab", "reports/lineage.json"} <= outs
+    assert {
+        "models/draft/config.json",
+        "models/draft/model.safetensors",
+        "models/draft/README.md",
+        "checkpoints",
+        "data/vocab",
+        "reports/lineage.json",
+    } <= outs
     check_evaluation(root, prompts=8, temperature=0.7)
     plots = _run(root, "dvc", "plots", "show", "--json")
     assert "metrics/eval/tokens_per_step.csv" in plots and "metrics/train/plots/metrics" in plots
@@ -139,8 +146,13 @@ def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
     assert len(evaluated) == prompts and trained_on and not evaluated & trained_on
     with open(root / "metrics/eval/tokens_per_step.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert rows == [{"k": "3", "eagle3_greedy": str(draft["tokens_per_step"]),
-                     "ngram_greedy": str(runs[("ngram", 3, 0.0)]["tokens_per_step"]),
-                     "eagle3_sampled": str(runs[("eagle3", 3, temperature)]["tokens_per_step"]),
-                     "ngram_sampled": str(runs[("ngram", 3, temperature)]["tokens_per_step"])}]
+    assert rows == [
+        {
+            "k": "3",
+            "eagle3_greedy": str(draft["tokens_per_step"]),
+            "ngram_greedy": str(runs[("ngram", 3, 0.0)]["tokens_per_step"]),
+            "eagle3_sampled": str(runs[("eagle3", 3, temperature)]["tokens_per_step"]),
+            "ngram_sampled": str(runs[("ngram", 3, temperature)]["tokens_per_step"]),
+        }
+    ]
     assert (root / "reports/eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,8 +16,16 @@ SEED = ("--samples", "3000", "--mean-tokens", "16384")
 def _metrics(root: Path, ratio: float = 1.476, tokens_per_s: float | None = None) -> Path:
     path = root / "metrics" / "extract.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"compression_ratio": ratio, "raw_bytes_per_token": 4608, "stored_bytes_per_token": 3122.1,
-                                "this_run": {"tokens_per_s": tokens_per_s}}))
+    path.write_text(
+        json.dumps(
+            {
+                "compression_ratio": ratio,
+                "raw_bytes_per_token": 4608,
+                "stored_bytes_per_token": 3122.1,
+                "this_run": {"tokens_per_s": tokens_per_s},
+            }
+        )
+    )
     return path
 
 
@@ -69,14 +77,56 @@ def test_every_formula_against_hand_computation(tmp_path):
     model = tmp_path / "verifier"
     model.mkdir()
     # A multimodal config keeps the language model's shape under text_config.
-    (model / "config.json").write_text(json.dumps(
-        {"_name_or_path": "toy", "text_config": {"hidden_size": 1000, "num_hidden_layers": 10, "vocab_size": 5000, "intermediate_size": 4000}}))
-    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 10_000_000_000}, "weight_map": {}}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "_name_or_path": "toy",
+                "text_config": {
+                    "hidden_size": 1000,
+                    "num_hidden_layers": 10,
+                    "vocab_size": 5000,
+                    "intermediate_size": 4000,
+                },
+            }
+        )
+    )
+    (model / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 10_000_000_000}, "weight_map": {}})
+    )
     plan = _plan(
-        tmp_path, "--verifier", str(model), "--samples", "100", "--mean-tokens", "1000", "--max-tokens", "2000",
-        "--compression-ratio", "2", "--link-gbit", "8", "--link-efficiency", "0.5", "--extract-tokens-per-s", "100000",
-        "--gpus", "4", "--gpu-usd-per-hour", "3", "--epochs", "2", "--draft-vocab", "1000", "--keep-checkpoints", "2",
-        "--headroom", "0.25", "--here-tokens-per-s", "20000", "--here-usd-per-hour", "6",
+        tmp_path,
+        "--verifier",
+        str(model),
+        "--samples",
+        "100",
+        "--mean-tokens",
+        "1000",
+        "--max-tokens",
+        "2000",
+        "--compression-ratio",
+        "2",
+        "--link-gbit",
+        "8",
+        "--link-efficiency",
+        "0.5",
+        "--extract-tokens-per-s",
+        "100000",
+        "--gpus",
+        "4",
+        "--gpu-usd-per-hour",
+        "3",
+        "--epochs",
+        "2",
+        "--draft-vocab",
+        "1000",
+        "--keep-checkpoints",
+        "2",
+        "--headroom",
+        "0.25",
+        "--here-tokens-per-s",
+        "20000",
+        "--here-usd-per-hour",
+        "6",
     )
     assert plan["inputs"]["verifier"]["hidden_size"] == 1000 and plan["verifier_weights_bytes"] == 1e10
     assert plan["tokens"] == 100_000
@@ -110,7 +160,9 @@ def test_disk_limit_and_fast_link_change_the_answer(tmp_path):
     # Stored states need 2.34 TB (A) and 3.06 TB (B) with headroom; only online training fits 2 TB.
     small_disk = _plan(tmp_path, *SEED, "--disk-tb", "2")
     assert [k for k, s in small_disk["scenarios"].items() if s["fits_disk"]] == ["C"]
-    assert small_disk["recommendation"]["scenario"] == "C" and "do not fit 2 TB" in small_disk["recommendation"]["reason"]
+    assert (
+        small_disk["recommendation"]["scenario"] == "C" and "do not fit 2 TB" in small_disk["recommendation"]["reason"]
+    )
     # At 400 Gbit/s shipping a token's states is cheaper than extracting it there: no break-even, A wins.
     fast = _plan(tmp_path, *SEED, "--link-gbit", "400")
     assert fast["break_even_a_vs_b"]["tokens"] is None and fast["recommendation"]["scenario"] == "A"
@@ -135,7 +187,10 @@ def test_metrics_supply_ratio_and_speed_here(tmp_path):
         ((*SEED, "--link-gbit", "-1"), "--link-gbit must be > 0, got -1"),
         ((*SEED, "--max-tokens", "100"), "--mean-tokens (16384) cannot exceed --max-tokens (100)"),
         ((*SEED, "--link-efficiency", "1.5"), "--link-efficiency is a fraction in (0, 1], got 1.5"),
-        ((*SEED, "--verifier", "kimi-k9"), "unknown verifier 'kimi-k9': not a preset (kimi-k2.5) and no such config.json"),
+        (
+            (*SEED, "--verifier", "kimi-k9"),
+            "unknown verifier 'kimi-k9': not a preset (kimi-k2.5) and no such config.json",
+        ),
         (SEED, "metrics/extract.json not found"),
     ],
 )
@@ -156,10 +211,14 @@ def test_unreachable_remote_is_one_line(tmp_path, url):
     port = free_port()  # nothing listens there
     _dvc_project(tmp_path, "far", url.format(port=port))
     if url.startswith("s3"):
-        subprocess.run([DVC, "remote", "modify", "far", "endpointurl", f"http://127.0.0.1:{port}"], cwd=tmp_path, check=True)
+        subprocess.run(
+            [DVC, "remote", "modify", "far", "endpointurl", f"http://127.0.0.1:{port}"], cwd=tmp_path, check=True
+        )
     line = _error(tmp_path, *SEED, "--compression-ratio", "1.5", "--link-from-remote", "far")
     assert f"remote 'far' ({url.format(port=port)}) unreachable: 127.0.0.1:{port}: Connection refused" in line
-    assert "no such DVC remote (far)" in _error(tmp_path, *SEED, "--compression-ratio", "1.5", "--link-from-remote", "near")
+    assert "no such DVC remote (far)" in _error(
+        tmp_path, *SEED, "--compression-ratio", "1.5", "--link-from-remote", "near"
+    )
 
 
 @pytest.mark.slow
@@ -169,9 +228,13 @@ def test_link_measured_on_a_real_s3_server(tmp_path):
     server = MotoS3(tmp_path / "moto").start()
     try:
         _dvc_project(tmp_path, "-d", "s3", f"s3://{MotoS3.bucket}/eagle3")
-        for setting in (["endpointurl", server.endpoint], ["--local", "access_key_id", S3_KEY_ID], ["--local", "secret_access_key", S3_SECRET]):
+        for setting in (
+            ["endpointurl", server.endpoint],
+            ["--local", "access_key_id", S3_KEY_ID],
+            ["--local", "secret_access_key", S3_SECRET],
+        ):
             local = setting[:1] if setting[0] == "--local" else []
-            subprocess.run([DVC, "remote", "modify", *local, "s3", *setting[len(local):]], cwd=tmp_path, check=True)
+            subprocess.run([DVC, "remote", "modify", *local, "s3", *setting[len(local) :]], cwd=tmp_path, check=True)
         plan = _plan(tmp_path, *SEED, "--compression-ratio", "1.5", "--link-from-remote", "s3", "--probe-mb", "8")
         assert plan["inputs"]["link_efficiency"] == 1.0 and plan["inputs"]["link_gbit"] > 0
         assert plan["inputs"]["sources"]["link"] == "measured: one 8 MB upload to DVC remote 's3'"
@@ -185,7 +248,18 @@ def test_verifier_dir_without_index_sums_its_safetensors(tmp_path):
     model = tmp_path / "dense"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152}))
-    args = ("--verifier", str(model), "--samples", "10", "--mean-tokens", "100", "--compression-ratio", "1.5", "--extract-tokens-per-s", "1000")
+    args = (
+        "--verifier",
+        str(model),
+        "--samples",
+        "10",
+        "--mean-tokens",
+        "100",
+        "--compression-ratio",
+        "1.5",
+        "--extract-tokens-per-s",
+        "1000",
+    )
     assert "weights size unknown (no safetensors beside its config.json): pass --weights-gb" in _error(tmp_path, *args)
     (model / "model-00001.safetensors").write_bytes(b"\0" * 12_345)
     (model / "model-00002.safetensors").write_bytes(b"\0" * 655)

@@ -5,8 +5,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3.chat.conversations import prompt_hash
+
 from conftest import eagle3, make_project, smoke_params
-from eagle3.conversations import prompt_hash
 
 VALID_SHAREGPT = {"conversations": [{"from": "human", "value": "Name three primes."}], "source": "blend/math"}
 VALID_OPENAI = {
@@ -42,7 +43,9 @@ MALFORMED = [
     (b'["a", "list"]', "not_an_object"),
 ]
 # Same prompt as VALID_SHAREGPT once case, width and spacing are normalised, and a different answer.
-DUPLICATE = {"conversations": [{"from": "human", "value": "  name THREE   primes. "}, {"from": "gpt", "value": "2, 3, 5"}]}
+DUPLICATE = {
+    "conversations": [{"from": "human", "value": "  name THREE   primes. "}, {"from": "gpt", "value": "2, 3, 5"}]
+}
 
 
 def _jsonl(rows: list) -> bytes:
@@ -63,8 +66,13 @@ def _read(root: Path) -> tuple[dict, dict[str, list[dict]]]:
 
 def test_malformed_rows_are_counted_and_valid_rows_kept(tmp_path):
     root = _project(tmp_path, [{"kind": "local", "name": "mixed", "path": "in.jsonl", "license": "apache-2.0"}])
-    lines = [json.dumps(VALID_SHAREGPT).encode(), *(line for line, _ in MALFORMED), json.dumps(VALID_OPENAI).encode(),
-             json.dumps(DUPLICATE).encode(), json.dumps(VALID_WITH_ANSWER).encode()]
+    lines = [
+        json.dumps(VALID_SHAREGPT).encode(),
+        *(line for line, _ in MALFORMED),
+        json.dumps(VALID_OPENAI).encode(),
+        json.dumps(DUPLICATE).encode(),
+        json.dumps(VALID_WITH_ANSWER).encode(),
+    ]
     (root / "in.jsonl").write_bytes(_jsonl(lines))
 
     result = eagle3(root, "prepare")
@@ -155,7 +163,9 @@ def test_caps_per_source_and_total(tmp_path):
 
 
 def test_too_few_rows_for_heldout_is_one_clear_error(tmp_path):
-    root = _project(tmp_path, [{"kind": "local", "name": "tiny", "path": "in.jsonl", "license": "apache-2.0"}], heldout_rows=5)
+    root = _project(
+        tmp_path, [{"kind": "local", "name": "tiny", "path": "in.jsonl", "license": "apache-2.0"}], heldout_rows=5
+    )
     (root / "in.jsonl").write_bytes(_jsonl([VALID_SHAREGPT, VALID_OPENAI]))
     result = eagle3(root, "prepare", check=False)
     assert result.returncode == 2
@@ -184,18 +194,31 @@ def _hub_cache(cache: Path, rows: list[dict]) -> None:
         writer.finalize()
     splits = SplitDict(dataset_name="open-perfectblend")
     splits.add(SplitInfo(name="train", num_examples=len(rows), dataset_name="open-perfectblend"))
-    DatasetInfo(features=data.features, config_name="default", dataset_name="open-perfectblend", splits=splits).write_to_directory(str(folder))
+    DatasetInfo(
+        features=data.features, config_name="default", dataset_name="open-perfectblend", splits=splits
+    ).write_to_directory(str(folder))
 
 
 @pytest.mark.parametrize("pinned, ok", [(REVISION, True), ("f" * 40, False)])
 def test_hub_dataset_offline(tmp_path, pinned, ok):
-    rows = [{"conversations": [{"from": "human", "value": f"hub question {i}"}, {"from": "gpt", "value": "ok"}],
-             "source": f"sub{i % 2}"} for i in range(12)]
+    rows = [
+        {
+            "conversations": [{"from": "human", "value": f"hub question {i}"}, {"from": "gpt", "value": "ok"}],
+            "source": f"sub{i % 2}",
+        }
+        for i in range(12)
+    ]
     rows.append({"conversations": [{"from": "gpt", "value": "orphan answer"}], "source": "sub0"})
     cache = tmp_path / "hf-datasets"
     _hub_cache(cache, rows)
-    source = {"kind": "hf", "name": "blend", "dataset": "mlabonne/open-perfectblend", "revision": pinned,
-              "split": "train", "license": "apache-2.0"}
+    source = {
+        "kind": "hf",
+        "name": "blend",
+        "dataset": "mlabonne/open-perfectblend",
+        "revision": pinned,
+        "split": "train",
+        "license": "apache-2.0",
+    }
     root = _project(tmp_path / "project", [source], heldout_rows=2)
     env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(cache), "HF_HOME": str(tmp_path / "hf-home")}
 

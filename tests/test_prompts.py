@@ -3,9 +3,10 @@ import json
 import re
 from collections import Counter
 
-from conftest import REPO
+from eagle3.chat.conversations import normalize, prompt_hash
 from eagle3.config import load_params
-from eagle3.conversations import normalize, prompt_hash
+
+from conftest import REPO
 
 PROMPTS = REPO / "data" / "prompts"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3.shards import ShardMeta, ShardWriter
+from eagle3.formats.shards import ShardMeta, ShardWriter
 
 out = Path("shards")
 out.mkdir(exist_ok=True)
@@ -51,8 +51,10 @@ def _env(home: Path) -> dict[str, str]:
         "HOME": str(home),
         "AWS_CONFIG_FILE": str(home / "no-aws-config"),
         "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"),
-        "GIT_AUTHOR_NAME": "eagle3", "GIT_AUTHOR_EMAIL": "eagle3@localhost",
-        "GIT_COMMITTER_NAME": "eagle3", "GIT_COMMITTER_EMAIL": "eagle3@localhost",
+        "GIT_AUTHOR_NAME": "eagle3",
+        "GIT_AUTHOR_EMAIL": "eagle3@localhost",
+        "GIT_COMMITTER_NAME": "eagle3",
+        "GIT_COMMITTER_EMAIL": "eagle3@localhost",
         "DVC_NO_ANALYTICS": "1",
     }
 
@@ -70,7 +72,7 @@ def _digests(shards: Path) -> dict[str, str]:
 
 def _verify_shards(shards: Path, expected: dict[str, str]) -> None:
     """Byte-identical to what was pushed, and every record's checksum holds when read back."""
-    from eagle3.shards import ShardReader
+    from eagle3.formats.shards import ShardReader
 
     assert _digests(shards) == expected
     for path in sorted(shards.glob("*.e3sh")):
@@ -105,18 +107,24 @@ def _project(root: Path, env: dict) -> dict[str, str]:
 def _push_killed_midway(root: Path, env: dict, server, objects_on_server) -> None:
     """Start a push, SIGKILL the server once some but not all objects have arrived; the push must fail."""
     total = SHARDS + 1  # the shards plus the directory's .dir listing
-    push = subprocess.Popen(["dvc", "push", "--jobs", "1"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    push = subprocess.Popen(
+        ["dvc", "push", "--jobs", "1"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 60
     while objects_on_server() < 1 and push.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     arrived = objects_on_server()
     server.kill()
     output, _ = push.communicate(timeout=300)
-    assert 1 <= arrived < total, f"the kill did not land mid-transfer ({arrived} of {total} objects had arrived):\n{output}"
+    assert 1 <= arrived < total, (
+        f"the kill did not land mid-transfer ({arrived} of {total} objects had arrived):\n{output}"
+    )
     assert push.returncode != 0, f"a push whose server died reported success:\n{output}"
 
 
-def _clone_pull_repro(root: Path, clone: Path, env: dict, digests: dict[str, str], local_config: list[list[str]]) -> None:
+def _clone_pull_repro(
+    root: Path, clone: Path, env: dict, digests: dict[str, str], local_config: list[list[str]]
+) -> None:
     _run(root.parent, env, "git", "clone", "-q", str(root), str(clone))
     assert not (clone / "shards").exists() and not (clone / ".dvc" / "config.local").exists()
     for setting in local_config:  # a fresh clone brings no credentials: each machine sets its own
@@ -178,8 +186,13 @@ def test_s3_remote_survives_a_killed_server(tmp_path):
         assert server.object_count() == SHARDS + 1
         assert _not_in_remote(root, env) == []
 
-        _clone_pull_repro(root, tmp_path / "clone", env, digests,
-                          [["s3", "access_key_id", S3_KEY_ID], ["s3", "secret_access_key", S3_SECRET]])
+        _clone_pull_repro(
+            root,
+            tmp_path / "clone",
+            env,
+            digests,
+            [["s3", "access_key_id", S3_KEY_ID], ["s3", "secret_access_key", S3_SECRET]],
+        )
     finally:
         server.kill()
 
@@ -208,7 +221,11 @@ def test_ssh_remote_survives_a_killed_server(tmp_path):
         # renames, so a kill can leave a temporary file behind but never a damaged object.
         cache = root / ".dvc" / "cache" / "files" / "md5"
         remote = storage / "files" / "md5"
-        held = {p.relative_to(remote): p.read_bytes() for p in remote.rglob("*") if p.is_file() and not p.name.startswith(".")}
+        held = {
+            p.relative_to(remote): p.read_bytes()
+            for p in remote.rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        }
         assert held == {p.relative_to(cache): p.read_bytes() for p in cache.rglob("*") if p.is_file()}
         assert all(p.name.endswith(".tmp") for p in remote.rglob(".*") if p.is_file())
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3.shards import HiddenStateDataset, ShardError, ShardMeta, ShardReader, ShardWriter, check_meta
+from eagle3.formats.shards import HiddenStateDataset, ShardError, ShardMeta, ShardReader, ShardWriter, check_meta
 
 META = ShardMeta(verifier="org/model", layer_ids=(2, 15, 27, 30), hidden_size=64, tokenizer_sha256="ab" * 32)
 
@@ -90,15 +90,21 @@ def test_failed_write_leaves_nothing(tmp_path):
     with pytest.raises(ValueError):
         with ShardWriter(path, META) as writer:
             writer.add(*SAMPLES[0])
-            writer.add("bad", torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool),
-                       torch.zeros(4, 3, 32, dtype=torch.bfloat16))  # wrong hidden size
+            writer.add(
+                "bad",
+                torch.zeros(3, dtype=torch.long),
+                torch.ones(3, dtype=torch.bool),
+                torch.zeros(4, 3, 32, dtype=torch.bfloat16),
+            )  # wrong hidden size
     assert list(tmp_path.iterdir()) == []
 
 
 def test_metadata_disagreeing_with_params_is_one_error(tmp_path):
     path = _write(tmp_path / "shard.e3sh")
     with pytest.raises(ShardError) as caught:
-        HiddenStateDataset([path], expected={"layer_ids": [2, 15, 27], "hidden_size": 64, "tokenizer_sha256": "cd" * 32})
+        HiddenStateDataset(
+            [path], expected={"layer_ids": [2, 15, 27], "hidden_size": 64, "tokenizer_sha256": "cd" * 32}
+        )
     assert str(caught.value) == (
         f"{path}: made for other settings: layer_ids is (2, 15, 27, 30), expected [2, 15, 27]; "
         f"tokenizer_sha256 is {'ab' * 32!r}, expected {'cd' * 32!r}; rerun `eagle3 extract` for these params"
@@ -109,8 +115,9 @@ def test_metadata_disagreeing_with_params_is_one_error(tmp_path):
 def test_dataloader_workers_read_every_sample_once(tmp_path):
     paths = [_write(tmp_path / "a.e3sh", SAMPLES[:2]), _write(tmp_path / "b.e3sh", SAMPLES[2:])]
     dataset = HiddenStateDataset(paths, expected={"hidden_size": 64})
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, shuffle=True,
-                                         generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     seen = {item["id"]: item for item in loader}
     assert sorted(seen) == sorted(s[0] for s in SAMPLES)
     for sample_id, input_ids, _, hidden in SAMPLES:

@@ -11,16 +11,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eagle3.engines.speculative import Engine, Request, Sampling, Speculation, run
+from eagle3.formats.exported_draft import write_drafts
+from eagle3.formats.provenance import read_provenance
+from eagle3.formats.shards import ShardReader, split_shards
+from eagle3.formats.synthetic import iter_records
+from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+
 from conftest import TRAIN_SMALL, copy_project, draft_params, eagle3
-from eagle3.export import write_drafts
-from eagle3.layout import train_shards
-from eagle3.model import DraftConfig, Eagle3Draft
-from eagle3.params.export import ExportParams
-from eagle3.shards import ShardReader
-from eagle3.speculative import Engine, Request, Sampling, Speculation, run
-from eagle3.synthetic import iter_records
 
 pytestmark = pytest.mark.slow
+
 
 def test_vocab_covers_the_answers_and_maps_draft_to_target_ids(extracted_real):
     tensors = load_file(extracted_real / "data/vocab/vocab.safetensors")
@@ -30,7 +31,7 @@ def test_vocab_covers_the_answers_and_maps_draft_to_target_ids(extracted_real):
     assert bool((targets[1:] > targets[:-1]).all()) and int(t2d.sum()) == 2048 and bool(t2d[targets].all())
     answer_tokens = set()
     total = 0
-    for path in train_shards(extracted_real):
+    for path in split_shards(extracted_real, "train"):
         reader = ShardReader(path)
         for position in range(len(reader)):
             sample = reader.read(position)
@@ -47,7 +48,7 @@ def test_training_learns_and_logs_curves_for_dvc_plots(trained):
     rows = [line.split("\t") for line in (plots / "loss.tsv").read_text().splitlines()[1:]]
     steps, losses = [int(r[0]) for r in rows], [float(r[1]) for r in rows]
     total = json.loads((trained / "metrics/train/metrics.json").read_text())["total_steps"]
-    sequences = sum(len(ShardReader(path)) for path in train_shards(trained))
+    sequences = sum(len(ShardReader(path)) for path in split_shards(trained, "train"))
     assert steps == list(range(2, total + 1, 2)) and total == TRAIN_SMALL["epochs"] * (sequences // 8)
     assert losses[-1] < 0.5 * losses[0]
     accuracy = [float(line.split("\t")[1]) for line in (plots / "acc_0.tsv").read_text().splitlines()[1:]]
@@ -68,8 +69,9 @@ def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
     reference = copy_project(extracted_real, tmp_path / "reference", draft_params(**short))
     eagle3(reference, "train")
     killed = copy_project(extracted_real, tmp_path / "killed", draft_params(**short))
-    process = subprocess.Popen([sys.executable, "-m", "eagle3.cli", "train"], cwd=killed,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "eagle3.cli", "train"], cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 300
     while not list((killed / "checkpoints").glob("step-0000004")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -95,8 +97,23 @@ def test_two_processes_under_torchrun_match_one(extracted_real, tmp_path):
     single = copy_project(extracted_real, tmp_path / "single", draft_params(**settings))
     eagle3(single, "train")
     double = copy_project(extracted_real, tmp_path / "double", draft_params(**settings))
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "eagle3.cli", "train"], cwd=double, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "eagle3.cli",
+            "train",
+        ],
+        cwd=double,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     curve = "metrics/train/plots/metrics/train/loss.tsv"
     one = [float(line.split("\t")[1]) for line in (single / curve).read_text().splitlines()[1:]]
@@ -119,30 +136,56 @@ def _prompts(root, count):
 def _untrained_draft(root, directory):
     trained_config = json.loads((root / "models/draft/config.json").read_text())
     tensors = load_file(root / "data/vocab/vocab.safetensors")
-    config = DraftConfig.from_verifier(json.loads((root / "models/verifier/config.json").read_text()),
-                                       tuple(trained_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]), 2048)
+    config = DraftConfig.from_verifier(
+        json.loads((root / "models/verifier/config.json").read_text()),
+        tuple(trained_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+        2048,
+    )
     draft = Eagle3Draft(config)
     draft.init_weights(torch.Generator().manual_seed(1))
-    provenance = json.loads((root / "models/verifier/provenance.json").read_text())
-    write_drafts(draft, tensors["d2t"], tensors["t2d"], ExportParams(), provenance, directory, directory.with_name("spec"))
+    provenance = read_provenance(root)
+    write_drafts(
+        draft,
+        tensors["d2t"],
+        tensors["t2d"],
+        directory,
+        directory.with_name("spec"),
+        dtype="bfloat16",
+        num_speculative_tokens=3,
+        verifier_name=provenance.name,
+        verifier_architectures=provenance.architectures,
+    )
     return directory
 
 
 def test_vllm_serves_the_draft_losslessly_and_training_makes_it_accepted(trained, tmp_path):
     prompts = _prompts(trained, 16)
-    engine = Engine(verifier=str(trained / "models/verifier"), max_model_len=512, cpu_kvcache_space_gib=1, dtype="float32")
+    engine = Engine(
+        verifier=str(trained / "models/verifier"), max_model_len=512, cpu_kvcache_space_gib=1, dtype="float32"
+    )
     greedy = [Sampling(temperature=0.0, max_tokens=32)]
     plain = run(Request(engine, None, prompts, greedy))[0]
     outcomes = {}
-    for name, directory in (("trained", trained / "models/draft"),
-                            ("untrained", _untrained_draft(trained, tmp_path / "untrained"))):
+    for name, directory in (
+        ("trained", trained / "models/draft"),
+        ("untrained", _untrained_draft(trained, tmp_path / "untrained")),
+    ):
         speculation = Speculation("eagle3", 3, str(directory))
         outcomes[name] = run(Request(engine, speculation, prompts, greedy))[0]
     for name, outcome in outcomes.items():
-        same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(outcome["completions"], plain["completions"], strict=True))
+        same = sum(
+            a["token_ids"] == b["token_ids"] for a, b in zip(outcome["completions"], plain["completions"], strict=True)
+        )
         assert same == len(prompts), f"{name}: only {same} of {len(prompts)} greedy outputs equal the verifier's own"
-    trained_rate = outcomes["trained"]["counters"]["num_accepted_tokens"] / outcomes["trained"]["counters"]["num_draft_tokens"]
-    untrained_rate = outcomes["untrained"]["counters"]["num_accepted_tokens"] / outcomes["untrained"]["counters"]["num_draft_tokens"]
-    assert outcomes["trained"]["counters"]["num_drafts"] > 0 and len(outcomes["trained"]["counters"]["accepted_per_position"]) == 3
+    trained_rate = (
+        outcomes["trained"]["counters"]["num_accepted_tokens"] / outcomes["trained"]["counters"]["num_draft_tokens"]
+    )
+    untrained_rate = (
+        outcomes["untrained"]["counters"]["num_accepted_tokens"] / outcomes["untrained"]["counters"]["num_draft_tokens"]
+    )
+    assert (
+        outcomes["trained"]["counters"]["num_drafts"] > 0
+        and len(outcomes["trained"]["counters"]["accepted_per_position"]) == 3
+    )
     assert trained_rate > 0.15, outcomes["trained"]["counters"]
     assert untrained_rate < 0.05, outcomes["untrained"]["counters"]

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from eagle3.formats.provenance import verifier_dir
+
 from conftest import eagle3, make_project, smoke_params
-from eagle3.layout import verifier_dir
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +99,9 @@ def test_local_verifier_rerun_is_byte_identical_and_tracks_changes(verifier_proj
     first = (root / "models/verifier/provenance.json").read_bytes()
     eagle3(root, "verifier")
     assert (root / "models/verifier/provenance.json").read_bytes() == first
-    (local / "tokenizer_config.json").write_text((local / "tokenizer_config.json").read_text().replace("<|im_end|>", "<|end|>"))
+    (local / "tokenizer_config.json").write_text(
+        (local / "tokenizer_config.json").read_text().replace("<|im_end|>", "<|end|>")
+    )
     eagle3(root, "verifier")
     assert json.loads(first)["tokenizer_sha256"] != _provenance(root)["tokenizer_sha256"]
 
@@ -124,7 +127,8 @@ def test_remote_code_needs_explicit_opt_in(verifier_project, tmp_path):
     [
         (
             lambda p: p["verifier"]["source"].update(path="does/not/exist"),
-            "verifier.source.path: {root}/does/not/exist is not a directory; point it at the verifier's HF model directory",
+            "verifier.source.path: {root}/does/not/exist is not a directory; point it at the verifier's HF model "
+            "directory",
         ),
         (
             lambda p: p["verifier"]["source"].update(path="."),

@@ -1,7 +1,38 @@
-"""What every params section shares: unknown keys are errors, values are immutable once loaded."""
+"""What every params section shares: unknown keys are errors, values are immutable once loaded, and settings that
+only say how to run (not what to make) are marked so resumable stages keep their work when they change."""
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_EXECUTION_ONLY = "execution_only"
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StageParams(BaseModel):
+    """The sections of params.yaml one stage reads, one field per section; the others are ignored here (the
+    runner has already validated the whole file) and are not part of what the stage can see."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+def execution_only(default: Any, **field: Any) -> Any:
+    """A field that changes how a stage runs but not what it makes (processes, memory, retries, URLs): it is left
+    out of the stage's run key (`pinned_settings`), so changing it resumes finished work instead of discarding it."""
+    return Field(default, json_schema_extra={_EXECUTION_ONLY: True}, **field)
+
+
+def pinned_settings(section: BaseModel) -> dict[str, Any]:
+    """The section as JSON without its execution-only fields, at any depth: what a run key pins."""
+    dumped = section.model_dump(mode="json")
+    for name, field in type(section).model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        value = getattr(section, name)
+        if extra.get(_EXECUTION_ONLY):
+            del dumped[name]
+        elif isinstance(value, BaseModel):
+            dumped[name] = pinned_settings(value)
+    return dumped

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, field_validator
 
-from eagle3.params.base import Section
+from eagle3.params.base import Section, execution_only
 
 
 class VllmExtractEngine(Section):
@@ -23,7 +23,7 @@ class ExtractParams(Section):
     # hf: transformers forward (one process, CPU or one GPU). vllm: vLLM's extract_hidden_states method through
     # eagle3/vllm_hidden_states.py (tensor parallelism, for verifiers too big for one device). Same tensors.
     backend: Literal["hf", "vllm"] = "hf"
-    vllm: VllmExtractEngine = VllmExtractEngine()
+    vllm: VllmExtractEngine = execution_only(VllmExtractEngine())
     # vLLM numbering (id k = HF hidden_states[k], 0 = embeddings); null = the verifier's default (2, N//2, N-3).
     # The final layer's (normed) output is always captured after these: training's target distribution comes from it.
     aux_layer_ids: list[int] | None = Field(None, min_length=1)
@@ -36,11 +36,11 @@ class ExtractParams(Section):
     # states wait in memory.
     shard_raw_mb: PositiveInt = 1024
     compression_level: int = Field(1, ge=1, le=19)
-    compression_threads: PositiveInt = 2
+    compression_threads: PositiveInt = execution_only(2)
     # Refuse to start unless the output filesystem keeps this much free after the estimated shards.
-    reserve_free_gb: float = Field(1.0, ge=0)
+    reserve_free_gb: float = execution_only(1.0, ge=0)
     # Skip the free-space check entirely (e.g. on filesystems that report no meaningful free space).
-    ignore_disk_check: bool = False
+    ignore_disk_check: bool = execution_only(False)
 
     @field_validator("aux_layer_ids")
     @classmethod

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, model_validator
 
-from eagle3.params.base import Section
+from eagle3.params.base import Section, execution_only
 
 
 class Sampling(Section):
@@ -18,11 +18,11 @@ class Sampling(Section):
 class VllmEngine(Section):
     """Offline `vllm.LLM` engine arguments."""
 
-    tensor_parallel_size: PositiveInt = 1
+    tensor_parallel_size: PositiveInt = execution_only(1)
     max_model_len: PositiveInt = 2048
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    gpu_memory_utilization: float = execution_only(0.9, gt=0, le=1)
     # vLLM's CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB), not from memory utilization.
-    cpu_kvcache_space_gib: PositiveInt = 2
+    cpu_kvcache_space_gib: PositiveInt = execution_only(2)
     # Skips torch.compile: on CPU it cuts engine start from ~165 s to ~30 s.
     enforce_eager: bool = False
 
@@ -30,24 +30,25 @@ class VllmEngine(Section):
 class OpenAIServers(Section):
     """OpenAI-compatible servers (`vllm serve` of the verifier); requests are spread over all of them."""
 
-    base_urls: list[HttpUrl] = Field(min_length=1, description="e.g. http://10.0.0.5:8000/v1")
+    base_urls: list[HttpUrl] = execution_only(..., min_length=1, description="e.g. http://10.0.0.5:8000/v1")
     model: str = Field(min_length=1, description="the served model name")
-    concurrency: PositiveInt = 32
-    timeout_s: float = Field(600.0, gt=0)
-    max_retries: NonNegativeInt = 8
-    backoff_s: float = Field(1.0, gt=0)
-    max_backoff_s: float = Field(30.0, gt=0)
+    concurrency: PositiveInt = execution_only(32)
+    timeout_s: float = execution_only(600.0, gt=0)
+    max_retries: NonNegativeInt = execution_only(8)
+    backoff_s: float = execution_only(1.0, gt=0)
+    max_backoff_s: float = execution_only(30.0, gt=0)
     # Name of an environment variable holding the API key; the key itself never goes in params.yaml.
-    api_key_env: str | None = None
+    api_key_env: str | None = execution_only(None)
 
 
 class TransformersFallback(Section):
-    batch_size: PositiveInt = 8
+    batch_size: PositiveInt = execution_only(8)
 
 
 class GenerateParams(Section):
     backend: Literal["vllm", "openai", "transformers"] = "vllm"
-    # all: every assistant turn, each conditioned on the regenerated history; last: only the reply to the last user turn.
+    # all: every assistant turn, each conditioned on the regenerated history;
+    # last: only the reply to the last user turn.
     turns: Literal["all", "last"] = "all"
     splits: list[Literal["train", "heldout"]] = Field(["train", "heldout"], min_length=1)
     # Samples per output part: the unit of resume (a killed run redoes at most the parts in flight).

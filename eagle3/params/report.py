@@ -6,7 +6,7 @@ from eagle3.params.base import Section
 
 
 class LicenseOverride(Section):
-    """Publish despite an input license the gate would stop (see eagle3/licenses.py), for a stated reason."""
+    """Publish despite an input license the gate would stop (see eagle3/publish/licenses.py), for a stated reason."""
 
     license: str = Field(min_length=1, description="the license id as the input records it, e.g. modified-mit")
     # A sentence, not a checkbox: it is printed in the lineage report and the model card.

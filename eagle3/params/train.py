@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from eagle3.params.base import Section
+from eagle3.params.base import Section, execution_only
 
 
 class TrainParams(Section):
@@ -25,15 +25,17 @@ class TrainParams(Section):
     precision: Literal["bf16", "fp32"] = "bf16"
     # MLP width of the draft layer; null: the verifier's intermediate_size.
     intermediate_size: PositiveInt | None = None
-    checkpoint_every: PositiveInt = 100
-    keep_checkpoints: PositiveInt = 2
-    log_every: PositiveInt = 10
+    checkpoint_every: PositiveInt = execution_only(100)
+    keep_checkpoints: PositiveInt = execution_only(2)
+    log_every: PositiveInt = execution_only(10)
     # DataLoader processes decompressing shards (0: in the training process).
-    num_workers: NonNegativeInt = 1
+    num_workers: NonNegativeInt = execution_only(1)
     seed: int = 0
 
     @model_validator(mode="after")
     def _lr_order(self) -> "TrainParams":
         if self.min_learning_rate > self.learning_rate:
-            raise ValueError(f"min_learning_rate {self.min_learning_rate} must be <= learning_rate {self.learning_rate}")
+            raise ValueError(
+                f"min_learning_rate {self.min_learning_rate} must be <= learning_rate {self.learning_rate}"
+            )
         return self

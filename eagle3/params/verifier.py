@@ -37,4 +37,3 @@ class VerifierParams(Section):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     # Executing model code from a directory is opt-in only.
     trust_remote_code: bool = False
-

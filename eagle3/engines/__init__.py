@@ -1,0 +1,1 @@
+"""What runs the verifier: generation backends, hidden-state capture, and vLLM's speculative decoding."""

@@ -1,0 +1,45 @@
+"""One interface for capturing the verifier's hidden states, whatever runs the verifier.
+
+`capture.forward(batch)` takes planned sequences (eagle3/chat/token_layout.py) and returns, per sequence and in
+the batch's order, a bf16 tensor [layers, tokens, hidden]: the layers in `layer_ids` order (vLLM numbering: id
+k = HF hidden_states[k], the residual stream entering layer k), the last one the verifier's final layer after
+its final norm (HF hidden_states[N]). Both backends store the same tensors within bf16 tolerance
+(tests/test_extract.py measures how close).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from eagle3.chat.token_layout import Sequence
+from eagle3.formats.provenance import Provenance
+from eagle3.params.extract import ExtractParams
+
+
+class HiddenStateCapture(Protocol):
+    def forward(self, batch: list[Sequence]) -> list[torch.Tensor]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    model_dir: Path
+    provenance: Provenance
+    layer_ids: tuple[int, ...]
+    config: ExtractParams
+    # Where the vllm backend's connector hands each request's states over (eagle3/paths.py VLLM_SPOOL).
+    spool: Path
+
+
+def open_capture(request: CaptureRequest) -> HiddenStateCapture:
+    """The backend extract.backend names: `hf` (transformers forward) or `vllm` (vLLM's extract_hidden_states)."""
+    if request.config.backend == "vllm":
+        from eagle3.engines.hidden_states.vllm_capture import VllmHiddenStates
+
+        return VllmHiddenStates(request)
+    from eagle3.engines.hidden_states.hf_capture import HfHiddenStates
+
+    return HfHiddenStates(request.model_dir, request.provenance.trust_remote_code, request.layer_ids)

@@ -1,0 +1,163 @@
+"""extract.backend `vllm`: hidden states from vLLM's `extract_hidden_states` speculative method.
+
+This is the path that scales to the 1T verifier (tensor parallelism, vLLM's
+kernels); vllm-project/speculators extracts the same way. vLLM runs each
+sequence as a prompt with max_tokens=1; its `extract_hidden_states` "draft"
+writes the requested layers of every prompt token into a KV-cache group, and a
+KV connector copies them out when the request finishes.
+
+vLLM's own `ExampleHiddenStatesConnector` cannot run on CPU (it copies through
+pinned host memory on a CUDA stream: "pin_memory=True requires a CUDA or other
+accelerator backend"), so vLLM loads `Eagle3HiddenStatesConnector` below
+through `kv_connector_module_path`: the same extraction, copied synchronously
+with `.cpu()`, which works on CPU and GPU alike. TP rank 0 writes one
+safetensors file per request into a spool directory; the stage reads it back
+at once, puts the states into its shards in plan order and deletes it. Files
+(not shared memory) because with tensor parallelism rank 0 is another process.
+
+Matching the `hf` backend: vLLM captures layer k as the residual stream
+entering layer k (k = N: after the last layer), in ascending layer order. HF's
+hidden_states[N] is the final norm's output, so the stage applies the
+verifier's final RMSNorm (its checkpoint weight, HF's arithmetic) to layer N.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+    ExampleHiddenStatesConnector,
+    PendingSave,
+    extract_from_kv_cache,
+)
+
+from eagle3.chat.token_layout import Sequence
+from eagle3.engines.hidden_states.base import CaptureRequest
+from eagle3.engines.vllm_env import engine_args, import_vllm, prepare_environment
+from eagle3.errors import Eagle3Error
+from eagle3.files import atomic_path
+from eagle3.formats.hf_weights import final_norm
+
+CONNECTOR = "Eagle3HiddenStatesConnector"
+
+
+class Eagle3HiddenStatesConnector(ExampleHiddenStatesConnector):
+    """ExampleHiddenStatesConnector with a synchronous device-to-host copy: no pinned memory, streams or events.
+
+    The stage drives the engine step by step and reads each file only after the step that wrote it, so the
+    flock protocol of the parent class (for clients of a running server) is not needed either."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._written: set[str] = set()
+        self._finished: set[str] = set()
+
+    def wait_for_save(self) -> None:
+        pass
+
+    def _submit_async_write(self, pending: PendingSave) -> None:
+        if not self._is_tp_rank_zero:
+            return
+        blocks = torch.tensor(pending.block_ids, dtype=torch.long)
+        slots = (blocks[:, None] * self._block_size + torch.arange(self._block_size)).flatten()
+        hidden = extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device), pending.token_ids.shape[0])
+        with atomic_path(Path(pending.filename)) as partial:
+            save_file(
+                {"hidden_states": hidden.cpu().contiguous(), "token_ids": pending.token_ids.clone()}, str(partial)
+            )
+        self._written.add(pending.req_id)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.has_connector_metadata():
+            for pending in self._get_connector_metadata().pending_saves:
+                self._submit_async_write(pending)
+        self._finished |= finished_req_ids
+        done = self._finished & self._written
+        self._finished -= done
+        self._written -= done
+        return done or None, None
+
+
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # HF LlamaRMSNorm / DeepseekV3RMSNorm arithmetic, so both backends round the same way.
+    states = hidden.to(torch.float32)
+    states = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * states.to(hidden.dtype)
+
+
+class VllmHiddenStates:
+    """One vLLM engine for the whole stage; `forward(batch)` gives [layers, tokens, hidden] bf16 per sequence."""
+
+    def __init__(self, request: CaptureRequest):
+        engine = request.config.vllm
+        # In-process engine core (eagle3/engines/vllm_env.py): this stage then drives every step, including the
+        # ones after the last output that deliver the last requests' states.
+        prepare_environment(engine.cpu_kvcache_space_gib)
+        vllm = import_vllm("extract.backend vllm")
+        self.layer_ids, self.spool = request.layer_ids, request.spool
+        # vLLM collects the layers in ascending order whatever order they are asked in.
+        self.captured = sorted(request.layer_ids)
+        self.final_layer = request.provenance.num_hidden_layers
+        self.norm_weight, self.norm_eps = final_norm(request.model_dir)
+        self.sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0)
+        self.spool.mkdir(parents=True, exist_ok=True)
+        self.llm = vllm.LLM(
+            **engine_args(
+                str(request.model_dir),
+                dtype="bfloat16",  # as the hf backend: shards hold bf16 states computed in bf16
+                max_model_len=request.config.max_seq_len + 1,
+                tensor_parallel_size=engine.tensor_parallel_size,
+                gpu_memory_utilization=engine.gpu_memory_utilization,
+                enforce_eager=engine.enforce_eager,
+                trust_remote_code=request.provenance.trust_remote_code,
+                enable_prefix_caching=False,
+                speculative_config={
+                    "method": "extract_hidden_states",
+                    "num_speculative_tokens": 1,
+                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.captured}},
+                },
+                kv_transfer_config={
+                    "kv_connector": CONNECTOR,
+                    "kv_connector_module_path": __name__,
+                    "kv_role": "kv_producer",
+                    "kv_connector_extra_config": {"shared_storage_path": str(self.spool)},
+                },
+            )
+        )
+
+    def forward(self, batch: list[Sequence]) -> list[torch.Tensor]:
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=s.input_ids.tolist()) for s in batch]
+        outputs = self.llm.generate(prompts, self.sampling, use_tqdm=False)
+        paths = [Path((o.kv_transfer_params or {}).get("hidden_states_path", "")) for o in outputs]
+        if not all(p.name for p in paths):
+            raise Eagle3Error(
+                f"extract.backend vllm: vLLM returned no hidden_states_path; is the {CONNECTOR} connector loaded?"
+            )
+        # States are copied one engine step after their request finishes; the engine has no more outputs to
+        # report, so step it until every file is there (a few steps; the bound only guards against a hang).
+        for _ in range(64):
+            if all(p.is_file() for p in paths):
+                break
+            self.llm.llm_engine.step()
+        states = []
+        for sequence, path in zip(batch, paths, strict=True):
+            if not path.is_file():
+                raise Eagle3Error(f"extract.backend vllm: {path}: hidden states never written by {CONNECTOR}")
+            tensors = load_file(path)
+            path.unlink()
+            if not torch.equal(tensors["token_ids"].to(torch.int64), sequence.input_ids):
+                raise Eagle3Error(f"extract.backend vllm: {sequence.sample_id}: vLLM saw other token ids than planned")
+            hidden = tensors["hidden_states"].transpose(0, 1)  # [layers (ascending), tokens, hidden]
+            layers = [hidden[self.captured.index(k)] for k in self.layer_ids]
+            layers = [
+                rms_norm(h, self.norm_weight, self.norm_eps) if k == self.final_layer else h
+                for h, k in zip(layers, self.layer_ids, strict=True)
+            ]
+            states.append(torch.stack(layers).to(torch.bfloat16).contiguous())
+        return states
+
+    def close(self) -> None:
+        del self.llm

@@ -1,0 +1,297 @@
+"""The exported draft: vLLM's classic EAGLE-3 format and the speculators format, written, validated and loaded here.
+
+models/draft/ (vLLM's classic EAGLE-3 format, llama_eagle3.py):
+  config.json        LlamaForCausalLMEagle3, num_hidden_layers 1, vocab_size = the verifier's, draft_vocab_size,
+                     hidden/heads/KV heads/head_dim/rope from the verifier, max_position_embeddings = the
+                     verifier's, tie_word_embeddings false, norm_before_residual false,
+                     eagle_config.eagle_aux_hidden_state_layer_ids ALWAYS written (without it vLLM guesses other
+                     layers and acceptance collapses to ~1%)
+  model.safetensors  fc.weight [H, 3H], midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}.weight,
+                     midlayer.self_attn.{q,k,v}_proj.weight [*, 2H], midlayer.self_attn.o_proj.weight,
+                     midlayer.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight [draft_vocab, H] in
+                     export.dtype; d2t int64 [draft_vocab], t2d bool [vocab]; no embed_tokens (vLLM shares the
+                     verifier's)
+models/draft-speculators/: the same tensors (midlayer.* named layers.0.*) with a speculators config
+  (speculators_model_type eagle3, norm_before_residual false written explicitly: its default there is true).
+
+`check_draft` / `validate_draft` (`eagle3 validate-draft DIR --verifier DIR`) check a draft against this
+contract and its verifier before anyone serves it. Each pitfall that silently wrecks acceptance in vLLM is a
+named check: missing aux layer ids, a float d2t, tied embeddings, a short max_position_embeddings, shapes that
+disagree with the verifier, a d2t/t2d pair that maps to the wrong tokens. Every mismatch is listed in one error.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from eagle3.errors import Eagle3Error
+from eagle3.files import atomic_path, write_json
+from eagle3.formats.hf_config import CONFIG, read_config, text_config
+from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+
+WEIGHTS = "model.safetensors"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# safetensors' dtype names as the validator reports them.
+_SAFETENSORS_DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "I64": torch.int64,
+    "BOOL": torch.bool,
+}
+
+
+def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": config.hidden_act,
+        "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "draft_vocab_size": config.draft_vocab_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "norm_before_residual": False,
+        "torch_dtype": dtype,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids), "use_aux_hidden_state": True},
+        **config.rope,
+    }
+
+
+def speculators_config(
+    config: DraftConfig, dtype: str, verifier_name: str, verifier_architectures: list[str], tokens: int
+) -> dict[str, Any]:
+    layer = {
+        key: value
+        for key, value in vllm_config(config, dtype).items()
+        if key not in ("architectures", "eagle_config", "draft_vocab_size", "norm_before_residual", "torch_dtype")
+    }
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens}],
+            "verifier": {"name_or_path": verifier_name, "architectures": verifier_architectures},
+        },
+        "transformer_layer_config": layer,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.hidden_size,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
+        "torch_dtype": dtype,
+    }
+
+
+def write_drafts(
+    draft: Eagle3Draft,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    vllm_dir: Path,
+    speculators_dir: Path,
+    *,
+    dtype: str,
+    num_speculative_tokens: int,
+    verifier_name: str,
+    verifier_architectures: list[str],
+) -> None:
+    """Both formats of one draft; `num_speculative_tokens` and the verifier go into the speculators config."""
+    tensors = {**draft.export_state(DTYPES[dtype]), "d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}
+    _write(vllm_dir, vllm_config(draft.config, dtype), tensors)
+    renamed = {name.replace("midlayer.", "layers.0.", 1): tensor for name, tensor in tensors.items()}
+    config = speculators_config(draft.config, dtype, verifier_name, verifier_architectures, num_speculative_tokens)
+    _write(speculators_dir, config, renamed)
+
+
+def _write(directory: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    """Weights, then config, each renamed into place when complete; nothing else in the directory is touched (the
+    report stage owns the model card next to them). A kill between the two leaves new weights beside the old
+    config: DVC then sees the stage unfinished and reruns it."""
+    with atomic_path(directory / WEIGHTS) as partial:
+        save_file(tensors, str(partial), metadata={"format": "pt"})
+    write_json(directory / CONFIG, config)
+
+
+def load_exported_draft(draft_dir: Path, verifier_dir: Path) -> tuple[Eagle3Draft, torch.Tensor]:
+    """A vLLM-format draft as a float32 model (fc's input scale already folded in) and its d2t."""
+    config = read_config(draft_dir, "export the draft first (`dvc repro export`)")
+    tensors = load_file(str(draft_dir / WEIGHTS))
+    d2t = tensors.pop("d2t")
+    tensors.pop("t2d")
+    draft_config = DraftConfig.from_verifier(
+        read_config(verifier_dir),
+        tuple(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+        config["draft_vocab_size"],
+        config["intermediate_size"],
+    )
+    draft = Eagle3Draft(draft_config)
+    draft.load_state_dict({**{k: v.float() for k, v in tensors.items()}, "aux_scale": torch.ones_like(draft.aux_scale)})
+    return draft.eval(), d2t
+
+
+def _load_config(draft_dir: Path) -> tuple[dict[str, Any], str, list[int] | None, list[str]]:
+    """(layer config, tensor prefix of the decoder layer, aux layer ids, format-level problems)."""
+    path = draft_dir / CONFIG
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise Eagle3Error(f"{path}: cannot read the draft config ({exc})") from None
+    problems = []
+    if config.get("speculators_model_type") is not None:
+        if config["speculators_model_type"] != "eagle3":
+            problems.append(f"speculators_model_type is {config['speculators_model_type']!r}, expected 'eagle3'")
+        layer = {**config.get("transformer_layer_config", {}), "draft_vocab_size": config.get("draft_vocab_size")}
+        if config.get("norm_before_residual", True):
+            problems.append(
+                "norm_before_residual must be written as false (speculators defaults it to true; "
+                "eagle3 trains without it)"
+            )
+        methods = config.get("speculators_config", {}).get("proposal_methods") or [{}]
+        if not methods[0].get("speculative_tokens"):
+            problems.append("speculators_config.proposal_methods[0].speculative_tokens is missing")
+        return layer, "layers.0.", config.get("eagle_aux_hidden_state_layer_ids"), problems
+    architectures = config.get("architectures") or []
+    if not {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"} & set(architectures):
+        problems.append(f"architectures is {architectures}, expected ['LlamaForCausalLMEagle3']")
+    if config.get("norm_before_residual", False):
+        problems.append("norm_before_residual is true; eagle3 drafts are trained without it")
+    aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return config, "midlayer.", aux, problems
+
+
+def expected_tensors(config: dict[str, Any], prefix: str, aux_count: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv, head_dim = config.get("num_key_value_heads", heads), config.get("head_dim") or hidden // heads
+    inter, draft_vocab, vocab = config["intermediate_size"], config["draft_vocab_size"], config["vocab_size"]
+    floats = "float"
+    shapes = {
+        "fc.weight": ((hidden, aux_count * hidden), floats),
+        "norm.weight": ((hidden,), floats),
+        "lm_head.weight": ((draft_vocab, hidden), floats),
+        "d2t": ((draft_vocab,), "int64"),
+        "t2d": ((vocab,), "bool"),
+    }
+    for name, shape in {
+        "input_layernorm.weight": (hidden,),
+        "hidden_norm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
+        "self_attn.k_proj.weight": (kv * head_dim, 2 * hidden),
+        "self_attn.v_proj.weight": (kv * head_dim, 2 * hidden),
+        "self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "mlp.gate_proj.weight": (inter, hidden),
+        "mlp.up_proj.weight": (inter, hidden),
+        "mlp.down_proj.weight": (hidden, inter),
+    }.items():
+        shapes[prefix + name] = (shape, floats)
+    return shapes
+
+
+def _dtype_ok(dtype: torch.dtype | None, kind: str) -> bool:
+    if kind == "float":
+        return dtype in (torch.bfloat16, torch.float16, torch.float32)
+    return dtype == {"int64": torch.int64, "bool": torch.bool}[kind]
+
+
+def check_draft(draft_dir: Path, verifier_dir: Path) -> list[str]:
+    """Every mismatch between the draft in `draft_dir` and the contract / the verifier, as readable lines."""
+    config, prefix, aux, problems = _load_config(draft_dir)
+    verifier = text_config(read_config(verifier_dir, "--verifier must be the verifier's Hugging Face model directory"))
+    layers = verifier["num_hidden_layers"]
+    verifier_heads = verifier["num_attention_heads"]
+    expect = {
+        "hidden_size": verifier["hidden_size"],
+        "vocab_size": verifier["vocab_size"],
+        "num_attention_heads": verifier_heads,
+        "num_key_value_heads": verifier.get("num_key_value_heads") or verifier_heads,
+        "head_dim": verifier.get("head_dim") or verifier["hidden_size"] // verifier_heads,
+        "num_hidden_layers": 1,
+    }
+    shape_problems = [
+        f"config {key} is {config.get(key)!r}, the verifier needs {value!r}"
+        for key, value in expect.items()
+        if config.get(key) != value
+    ]
+    problems += shape_problems
+    if config.get("tie_word_embeddings", True):
+        problems.append(
+            "config tie_word_embeddings must be false (the draft's lm_head is its own, over the draft vocab)"
+        )
+    if (config.get("max_position_embeddings") or 0) < verifier["max_position_embeddings"]:
+        problems.append(
+            f"config max_position_embeddings is {config.get('max_position_embeddings')!r}, "
+            f"must be >= the verifier's {verifier['max_position_embeddings']}"
+        )
+    if not aux:
+        problems.append(
+            "eagle_aux_hidden_state_layer_ids is missing: vLLM would guess the layers and acceptance collapses"
+        )
+    elif any(not isinstance(k, int) or not 0 <= k < layers for k in aux):
+        problems.append(f"eagle_aux_hidden_state_layer_ids {aux} must be ints in [0, {layers})")
+    draft_vocab = config.get("draft_vocab_size")
+    if not isinstance(draft_vocab, int) or not 0 < draft_vocab <= verifier["vocab_size"]:
+        shape_problems.append(f"config draft_vocab_size is {draft_vocab!r}, must be in (0, {verifier['vocab_size']}]")
+        problems += shape_problems[-1:]
+    if shape_problems or not isinstance(config.get("intermediate_size"), int):
+        return problems + (
+            [] if isinstance(config.get("intermediate_size"), int) else ["config intermediate_size is missing"]
+        )
+
+    weights = draft_dir / WEIGHTS
+    if not weights.is_file():
+        return problems + [f"{weights.name} is missing"]
+    expected = expected_tensors({**config, "draft_vocab_size": draft_vocab}, prefix, len(aux or [None] * 3))
+    with safe_open(str(weights), "pt") as handle:
+        present = set(handle.keys())
+        for name, (shape, kind) in expected.items():
+            if name not in present:
+                problems.append(f"tensor {name} is missing")
+                continue
+            tensor_slice = handle.get_slice(name)
+            actual_shape = tuple(tensor_slice.get_shape())
+            stored = tensor_slice.get_dtype()
+            if actual_shape != shape:
+                problems.append(f"tensor {name} has shape {list(actual_shape)}, expected {list(shape)}")
+            elif not _dtype_ok(_SAFETENSORS_DTYPES.get(stored), kind):
+                shown = (
+                    str(_SAFETENSORS_DTYPES[stored]).removeprefix("torch.") if stored in _SAFETENSORS_DTYPES else stored
+                )
+                problems.append(f"tensor {name} has dtype {shown}, expected {kind}")
+        for name in sorted(present - set(expected)):
+            if name.endswith("embed_tokens.weight"):
+                continue  # optional: vLLM uses it instead of the verifier's embeddings when present
+            problems.append(f"unexpected tensor {name} (vLLM would fail to load it)")
+        if not any("d2t" in p or "t2d" in p for p in problems) and {"d2t", "t2d"} <= present:
+            problems += _check_vocab_map(handle.get_tensor("d2t"), handle.get_tensor("t2d"))
+    return problems
+
+
+def _check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor) -> list[str]:
+    targets = torch.arange(len(d2t)) + d2t
+    if targets.min() < 0 or targets.max() >= len(t2d):
+        return [f"d2t maps draft ids outside the verifier vocab [0, {len(t2d)})"]
+    problems = []
+    if len(torch.unique(targets)) != len(targets):
+        problems.append("d2t maps two draft ids to the same target token")
+    if int(t2d.sum()) != len(d2t) or not bool(t2d[targets].all()):
+        problems.append("t2d does not mark exactly the target tokens that d2t maps to")
+    return problems
+
+
+def validate_draft(draft_dir: Path, verifier_dir: Path) -> None:
+    problems = check_draft(draft_dir, verifier_dir)
+    if problems:
+        raise Eagle3Error(f"{draft_dir}: not a valid EAGLE-3 draft for {verifier_dir}: " + "; ".join(problems))

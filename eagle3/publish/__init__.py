@@ -1,0 +1,1 @@
+"""Publishing a draft: the lineage record, the license gate, the model card, and what must never be published."""

@@ -1,0 +1,281 @@
+"""The provenance record and model card that make a draft publishable (stage `report`).
+
+Writes reports/lineage.json (for machines), reports/lineage.md (for people,
+eagle3/publish/lineage_markdown.py) and the model card models/draft/README.md
+(eagle3/publish/model_card.py). Everything comes from what the pipeline
+recorded, never from what params.yaml says now:
+
+- dvc.lock: every artifact (each stage's outs) with its md5, size and file
+  count; the command, inputs and params that made it; the DAG and a Merkle
+  lineage hash per artifact (eagle3/publish/dvc_graph.py).
+- models/verifier/provenance.json and data/prepared/card.json: the inputs
+  from outside (verifier weights, datasets) with their licenses and hashes,
+  which pass the license gate (eagle3/publish/licenses.py).
+- metrics/eval.json and the exported draft's config.json: the card's numbers.
+
+Nothing is published from a dirty workspace: `dvc status` must report every
+other stage up to date first. `check` verifies a published record instead of
+writing one: the workspace against dvc.lock, dvc.lock against
+reports/lineage.json, the card's hash, and a verifier that lives outside the
+repository against its recorded hashes.
+"""
+
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import Eagle3Error
+from eagle3.files import dumps, write_text
+from eagle3.formats.prepared import read_card
+from eagle3.formats.provenance import (
+    describe_model_dir,
+    read_provenance,
+    verifier_dir,
+    weights_fingerprint,
+)
+from eagle3.hashing import sha256_bytes, sha256_file
+from eagle3.params.export import ExportParams
+from eagle3.params.report import ReportParams
+from eagle3.paths import DRAFT_DIR, EVAL_METRICS, LINEAGE_JSON, LINEAGE_MD, MODEL_CARD, PROVENANCE, VERIFIER_DIR
+from eagle3.progress import step
+from eagle3.publish import licenses, model_card
+from eagle3.publish.dvc_graph import (
+    REPORT_STAGE,
+    build_graph,
+    entry_paths,
+    git_state,
+    load_pipeline,
+    mermaid,
+    require_report_covers,
+    stage_records,
+    workspace_problems,
+)
+from eagle3.publish.lineage_markdown import render_markdown
+from eagle3.publish.redaction import check_publishable, dvc_remotes, redact
+
+SCHEMA = "eagle3.lineage/1"
+# The verifier hashes that identify a verifier referenced outside the repo (eagle3/formats/provenance.py).
+_VERIFIER_IDENTITY = (
+    "config_sha256",
+    "tokenizer_sha256",
+    "chat_template_sha256",
+    "weight_index_sha256",
+    "weight_headers_sha256",
+)
+# What the lineage keeps of each input in data/prepared/card.json (drop counts and examples stay in the card).
+_DATASET_FIELDS = (
+    "name",
+    "kind",
+    "license",
+    "path",
+    "sha256",
+    "dataset",
+    "revision",
+    "config",
+    "split",
+    "fingerprint",
+    "rows_read",
+    "rows_valid",
+)
+
+
+def _read_json(path: Path, hint: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise Eagle3Error(f"{path.as_posix()}: missing; {hint}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Eagle3Error(f"{path.as_posix()}: not valid JSON ({exc})") from None
+
+
+def external_inputs(root: Path, sub_source_licenses: dict[str, str]) -> dict[str, Any]:
+    provenance = read_provenance(root).to_json()
+    card = read_card(root)
+    datasets = [
+        {key: item[key] for key in _DATASET_FIELDS if item.get(key) is not None} for item in card.get("inputs", [])
+    ]
+    # A sub-source named like its input is the whole input, not a part of it.
+    present = {
+        name: counts for name, counts in card.get("by_source", {}).items() if name not in {d["name"] for d in datasets}
+    }
+    sub_sources = [
+        {"name": name, "rows": sum(counts.values()), "license": sub_source_licenses.get(name)}
+        for name, counts in sorted(present.items())
+    ]
+    return {
+        "verifier": provenance,
+        "datasets": datasets,
+        "sub_sources": sub_sources,
+        "unused_sub_source_licenses": sorted(set(sub_source_licenses) - set(present)),
+        "rows_out": card.get("rows_out", {}),
+    }
+
+
+def licensed_inputs(inputs: dict[str, Any]) -> list[licenses.LicensedInput]:
+    items = [
+        licenses.LicensedInput(
+            "verifier", inputs["verifier"].get("name", str(VERIFIER_DIR)), inputs["verifier"].get("license")
+        )
+    ]
+    items += [licenses.LicensedInput("dataset", item["name"], item.get("license")) for item in inputs["datasets"]]
+    items += [
+        licenses.LicensedInput("sub-source", item["name"], item["license"])
+        for item in inputs["sub_sources"]
+        if item["license"]
+    ]
+    return items
+
+
+def read_evaluation(root: Path) -> dict[str, Any]:
+    """metrics/eval.json, checked enough that the card can show it: a card without evaluation is not published."""
+    path = root / EVAL_METRICS
+    if not path.is_file():
+        raise Eagle3Error(
+            f"{EVAL_METRICS.as_posix()}: missing; a draft is not published without evaluation metrics: run the "
+            "evaluate "
+            "stage (`dvc repro`) first"
+        )
+    evaluation = _read_json(path, "")
+    runs = evaluation.get("runs") if isinstance(evaluation, dict) else None
+    if not isinstance(runs, list) or not any(isinstance(run, dict) and run.get("method") == "eagle3" for run in runs):
+        raise Eagle3Error(f"{EVAL_METRICS.as_posix()}: runs: no eagle3 run to report; rerun the evaluate stage")
+    headline = evaluation.get("headline")
+    for key in ("k", "tokens_per_step_greedy", "ngram_tokens_per_step_greedy"):
+        if not isinstance(headline, dict) or not isinstance(headline.get(key), (int, float)):
+            raise Eagle3Error(
+                f"{EVAL_METRICS.as_posix()}: headline.{key}: missing or not a number; rerun the evaluate stage"
+            )
+    return evaluation
+
+
+def read_draft_config(root: Path) -> dict[str, Any]:
+    path = root / DRAFT_DIR / "config.json"
+    config = _read_json(path, "a card needs the exported draft: run the export stage (`dvc repro`) first")
+    if not (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
+        raise Eagle3Error(
+            f"{path.as_posix()}: eagle_config.eagle_aux_hidden_state_layer_ids missing; vLLM would silently use the "
+            "wrong "
+            "layers; re-export the draft"
+        )
+    return config
+
+
+def publish(config: ReportParams, export: ExportParams, root: Path) -> None:
+    definitions, lock = load_pipeline(root)
+    require_report_covers(definitions)
+    upstream = [name for name in definitions if name != REPORT_STAGE]
+    not_run = [name for name in upstream if name not in lock]
+    if not_run:
+        raise Eagle3Error(f"dvc.lock: stage(s) {', '.join(not_run)} have not run; run `dvc repro` first")
+    problems = workspace_problems(root, upstream)
+    if problems:
+        raise Eagle3Error(
+            f"workspace does not match dvc.lock, not publishing: {'; '.join(problems)}; run `dvc repro` "
+            "(or `dvc checkout` to restore the recorded outputs) first"
+        )
+    records = stage_records(lock, root)
+    graph = build_graph(records)
+    inputs = redact(external_inputs(root, config.sub_source_licenses), root)
+    candidates = licensed_inputs(inputs)
+    decisions = licenses.gate(candidates, config.license_overrides)
+    evaluation = read_evaluation(root)
+    draft_config = read_draft_config(root)
+
+    draft_license = licenses.normalize(config.license or inputs["verifier"].get("license"))
+    report_outs = entry_paths(definitions[REPORT_STAGE].get("outs"))
+    code_paths = sorted(graph["sources"])
+    lineage = {
+        "schema": SCHEMA,
+        "code": {
+            **git_state(root, code_paths, [*graph["artifacts"], *report_outs]),
+            "eagle3": metadata.version("eagle3"),
+            "dvc": metadata.version("dvc"),
+        },
+        "remotes": dvc_remotes(root),
+        "stages": records,
+        "order": graph["order"],
+        "dag_mermaid": mermaid(graph["order"], graph["edges"]),
+        "artifacts": graph["artifacts"],
+        "sources": graph["sources"],
+        "inputs": inputs,
+        "licenses": {
+            "draft": draft_license,
+            "decisions": decisions,
+            "unused_overrides": licenses.unused_overrides(candidates, config.license_overrides),
+        },
+        "evaluation": {"path": EVAL_METRICS.as_posix(), "headline": evaluation["headline"]},
+    }
+    card = model_card.render(lineage, evaluation, draft_config, config, export.num_speculative_tokens)
+    lineage["card"] = {"path": MODEL_CARD.as_posix(), "sha256": sha256_bytes(card.encode("utf-8"))}
+    outputs = {
+        LINEAGE_JSON.as_posix(): dumps(lineage),
+        LINEAGE_MD.as_posix(): render_markdown(lineage),
+        MODEL_CARD.as_posix(): card,
+    }
+    check_publishable(outputs, root)
+    for name, text in outputs.items():
+        write_text(root / name, text)
+    headline = evaluation["headline"]
+    step(
+        f"lineage: {len(graph['artifacts'])} artifacts from {len(records)} stages, {len(decisions)} licensed inputs "
+        f"({sum(1 for d in decisions if d['override_reason'])} by override); card: "
+        f"{headline['tokens_per_step_greedy']:.2f} "
+        f"tokens/step at k={headline['k']} vs ngram {headline['ngram_tokens_per_step_greedy']:.2f} -> "
+        f"{', '.join(outputs)}"
+    )
+
+
+def check(root: Path) -> None:
+    """Verify the published record against the workspace; print every problem, fail if there is one."""
+    definitions, lock = load_pipeline(root)
+    require_report_covers(definitions)
+    problems = [f"not run: stage {name}" for name in definitions if name not in lock]
+    problems += [
+        f"dirty: {problem}" for problem in workspace_problems(root, [name for name in definitions if name in lock])
+    ]
+    path = root / LINEAGE_JSON
+    if not path.is_file():
+        problems.append(f"missing: {LINEAGE_JSON.as_posix()} (run `dvc repro`)")
+    else:
+        recorded = _read_json(path, "")
+        current = stage_records(lock, root)
+        for name in sorted(set(current) | set(recorded.get("stages", {}))):
+            if recorded.get("stages", {}).get(name) != current.get(name):
+                problems.append(f"stale: {LINEAGE_JSON.as_posix()} records stage {name} differently from dvc.lock")
+        card = recorded.get("card", {})
+        card_path = root / card.get("path", str(MODEL_CARD))
+        if not card_path.is_file():
+            problems.append(f"missing: {card_path.relative_to(root).as_posix()}")
+        elif sha256_file(card_path) != card.get("sha256"):
+            problems.append(
+                f"modified: {card_path.relative_to(root).as_posix()} differs from the sha256 in "
+                f"{LINEAGE_JSON.as_posix()}"
+            )
+        problems += _verifier_problems(root, recorded.get("inputs", {}).get("verifier", {}))
+    if problems:
+        for problem in problems:
+            print(problem)
+        raise Eagle3Error(
+            f"lineage check: {len(problems)} problem(s), the workspace is not what the lineage describes (listed above)"
+        )
+    step(f"lineage check: {len(lock)} stages and every recorded hash match the workspace")
+
+
+def _verifier_problems(root: Path, recorded: dict[str, Any]) -> list[str]:
+    """A verifier referenced outside the repo is not hashed by DVC: re-hash its identity files."""
+    if (recorded.get("source") or {}).get("kind") != "local":
+        return []
+    model_dir = verifier_dir(root)
+    if not model_dir.is_dir():
+        return [f"missing: the verifier directory named in {PROVENANCE.as_posix()}"]
+    try:
+        current = {**describe_model_dir(model_dir, True), **weights_fingerprint(model_dir)}
+    except Eagle3Error as exc:
+        return [f"verifier: {exc}"]
+    return [
+        f"modified: verifier {key} is {current.get(key)}, the lineage records {recorded.get(key)} (run `dvc repro -f "
+        "verifier`)"
+        for key in _VERIFIER_IDENTITY
+        if recorded.get(key) != current.get(key)
+    ]

@@ -1,0 +1,58 @@
+"""Resumable outputs: the run key that says which finished work may be kept, and what a rerun reports.
+
+generate, extract and train write their outputs piece by piece (parts, shards, checkpoints), each atomically,
+into a directory DVC keeps between runs (`persist: true`). The directory's run.json holds a key: the sha256 of
+every setting that shapes the pieces (params without their execution-only fields, the verifier's identity,
+the inputs' hashes, the format version). A rerun with the same key keeps the finished pieces; any other key
+empties the directory first, so pieces made with different settings are never mixed.
+"""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from eagle3.files import write_json
+from eagle3.paths import LAST_RUN_DIR
+
+RUN_FILE = "run.json"
+
+
+def run_key(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def resume_or_reset(out: Path, settings: dict[str, Any]) -> tuple[str, bool]:
+    """Prepare a resumable output directory: keep its finished files if they were made with the same settings,
+    else empty it. Unfinished writes (*.partial) are always removed. Returns (the run key, whether work is kept)."""
+    key = run_key(settings)
+    run_file = out / RUN_FILE
+    kept = run_file.is_file() and json.loads(run_file.read_text(encoding="utf-8")).get("key") == key
+    if not kept:
+        if out.exists():
+            shutil.rmtree(out)
+        write_json(run_file, {"key": key, "settings": settings})
+    for partial in out.rglob("*.partial"):
+        if partial.is_dir():
+            shutil.rmtree(partial)
+        else:
+            partial.unlink()
+    return key, kept
+
+
+def measured_run(root: Path, stage: str, this_run: dict[str, Any], did_work: bool) -> dict[str, Any]:
+    """A stage's `this_run` throughput: this run's own if it did work (and remembered), else the last one remembered.
+
+    The record lives in the git-ignored .eagle3/last_run/, outside DVC's outputs: `dvc repro` deletes a stage's
+    metrics file before running it, and a timing inside a data output would change that output's hash.
+    """
+    record = root / LAST_RUN_DIR / f"{stage}.json"
+    if did_work:
+        write_json(record, this_run)
+        return this_run
+    try:
+        remembered = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return this_run
+    return remembered if isinstance(remembered, dict) else this_run

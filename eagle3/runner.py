@@ -1,0 +1,54 @@
+"""Run one stage: read the params sections it declares, run it, and turn failures into one line and an exit code.
+
+stages/<name>.py (what `dvc repro` runs) and `eagle3 <stage>` both end here, so DVC and a user at the shell
+run identical code. A stage module (eagle3/stages/) defines `Params` (a StageParams with one field per
+params.yaml section it reads), `run(params, root, options)` and optionally `add_arguments(parser)`.
+"""
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from eagle3.errors import Eagle3Error
+from eagle3.params.loading import read_yaml, validate
+
+# Validates the whole params file before any stage starts (see eagle3/config.py); imported by name because no
+# stage output depends on it, so it is not among any stage's DVC deps.
+_WHOLE_FILE = "eagle3.config"
+
+
+def load_stage_params(stage: ModuleType, path: Path):
+    raw = read_yaml(path)
+    validate(raw, importlib.import_module(_WHOLE_FILE).Params, path)
+    return validate(raw, stage.Params, path)
+
+
+def execute(stage: ModuleType, command: str, params_path: Path, options: argparse.Namespace | None) -> int:
+    """Run `stage` with the params at `params_path`; the exit code (0, or what the error says)."""
+    try:
+        params = load_stage_params(stage, params_path)
+        stage.run(params, params_path.resolve().parent, options)
+    except Eagle3Error as exc:
+        print(f"eagle3 {command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"eagle3 {command}: interrupted; finished work is kept, rerun to continue", file=sys.stderr)
+        return 130
+    return 0
+
+
+def stage_parser(stage: ModuleType, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    if hasattr(stage, "add_arguments"):
+        stage.add_arguments(parser)
+    return parser
+
+
+def main(stage: ModuleType, argv: list[str] | None = None) -> int:
+    """Entry point of stages/<name>.py: `python stages/<name>.py [--params FILE] [stage options]`."""
+    command = stage.__name__.rsplit(".", 1)[-1]
+    parser = argparse.ArgumentParser(prog=f"stages/{command}.py", description=(stage.__doc__ or "").split("\n")[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+    options = stage_parser(stage, parser).parse_args(argv)
+    return execute(stage, command, options.params, options)

@@ -1,0 +1,53 @@
+"""Stage `export`: the trained draft as vLLM loads it, plus a speculators-format variant.
+
+Reads the newest checkpoint (which must be the last training step), writes models/draft/ and
+models/draft-speculators/ (format: eagle3/formats/exported_draft.py) and validates both against the verifier.
+"""
+
+from pathlib import Path
+
+from eagle3.errors import Eagle3Error
+from eagle3.formats.checkpoints import latest_checkpoint, load_draft
+from eagle3.formats.exported_draft import validate_draft, write_drafts
+from eagle3.formats.provenance import read_provenance, verifier_dir
+from eagle3.formats.vocab import load_vocab
+from eagle3.params.base import StageParams
+from eagle3.params.export import ExportParams
+from eagle3.paths import CHECKPOINT_DIR, DRAFT_DIR, SPECULATORS_DRAFT_DIR
+from eagle3.progress import step
+
+
+class Params(StageParams):
+    export: ExportParams
+
+
+def run(params: Params, root: Path, options=None) -> None:
+    config = params.export
+    provenance = read_provenance(root)
+    checkpoint = latest_checkpoint(root / CHECKPOINT_DIR)
+    if checkpoint is None:
+        raise Eagle3Error(f"{root / CHECKPOINT_DIR}: no checkpoint; run `dvc repro train` (or `eagle3 train`) first")
+    draft, state = load_draft(checkpoint)
+    if state["step"] != state["total_steps"]:
+        raise Eagle3Error(
+            f"{checkpoint}: training stopped at step {state['step']} of {state['total_steps']}; "
+            "rerun `eagle3 train` to finish it before exporting"
+        )
+    d2t, t2d = load_vocab(root)
+    write_drafts(
+        draft,
+        d2t,
+        t2d,
+        root / DRAFT_DIR,
+        root / SPECULATORS_DRAFT_DIR,
+        dtype=config.dtype,
+        num_speculative_tokens=config.num_speculative_tokens,
+        verifier_name=provenance.name,
+        verifier_architectures=provenance.architectures,
+    )
+    for directory in (root / DRAFT_DIR, root / SPECULATORS_DRAFT_DIR):
+        validate_draft(directory, verifier_dir(root))
+    step(
+        f"export: {checkpoint.name} -> {DRAFT_DIR} (vLLM EAGLE-3) and {SPECULATORS_DRAFT_DIR} (speculators); "
+        f"aux layers {list(draft.config.aux_layer_ids)}, draft vocab {draft.config.draft_vocab_size}"
+    )

@@ -1,0 +1,198 @@
+"""Stage `generate`: the verifier regenerates every assistant turn of the prepared prompts.
+
+Work is cut into parts of `chunk_size` prepared rows (format: eagle3/formats/synthetic.py).
+A part is written only when all its samples are finished, so a run killed at
+any moment (SIGKILL included) loses at most the parts in flight, and a rerun
+regenerates exactly the missing parts. Each part is generated as one batch in
+the batch backends, so a resumed run computes every part exactly as an
+uninterrupted run does (identical output at temperature 0).
+
+`run.json` pins what the parts were made with (verifier, prepared data,
+sampling, backend, chunking): parts made with other settings are discarded,
+never mixed in. Execution-only settings (server URLs, concurrency, retries,
+tensor parallelism) are not part of it, so changing them resumes.
+
+Scale-out: `eagle3 generate --rank R --world-size W` makes the parts whose
+index % W == R. Ranks can share one directory or run on separate machines;
+copying every rank's parts into one data/synthetic/ and running the stage
+once more (or `dvc repro`) finds nothing missing and writes the manifest.
+"""
+
+import argparse
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from eagle3.engines.generation.base import Chunk, Conversation, GenerationBackend
+from eagle3.errors import Eagle3Error
+from eagle3.files import write_json
+from eagle3.formats.prepared import content_sha256, read_rows
+from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
+from eagle3.formats.synthetic import FORMAT_VERSION, finished_parts, part_path, read_part, write_manifest, write_part
+from eagle3.params.base import StageParams, pinned_settings
+from eagle3.params.generate import GenerateParams
+from eagle3.paths import GENERATE_METRICS, SYNTHETIC_DIR
+from eagle3.progress import progress, step
+from eagle3.resume import measured_run, resume_or_reset
+
+
+class Params(StageParams):
+    generate: GenerateParams
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rank", type=int, default=0, help="this process's slice of the parts (default 0)")
+    parser.add_argument("--world-size", type=int, default=1, help="number of slices run in parallel (default 1)")
+
+
+def run(params: Params, root: Path, options: argparse.Namespace | None = None) -> None:
+    config = params.generate
+    rank, world_size = (options.rank, options.world_size) if options is not None else (0, 1)
+    if not 0 <= rank < world_size:
+        raise Eagle3Error(f"--rank {rank} must be in [0, --world-size {world_size})")
+    provenance = read_provenance(root)
+    rows = {split: read_rows(root, split) for split in config.splits}
+    out = root / SYNTHETIC_DIR
+    if not resume_or_reset(out, run_settings(config, provenance, root))[1]:
+        step("generate: no finished parts made with these settings; starting fresh")
+
+    total_parts = {split: -(-len(split_rows) // config.chunk_size) for split, split_rows in rows.items()}
+    finished = {split: finished_parts(out / split) for split in config.splits}
+    todo = [
+        (split, index)
+        for split in config.splits
+        for index in range(total_parts[split])
+        if index % world_size == rank and index not in finished[split]
+    ]
+    done_before = sum(map(len, finished.values()))
+
+    def part_rows(split: str, index: int) -> list[dict[str, Any]]:
+        return rows[split][index * config.chunk_size : (index + 1) * config.chunk_size]
+
+    common = {"sampling": config.sampling.model_dump(), "verifier": provenance.name, "backend": config.backend}
+    stats = Counter()
+    elapsed = 0.0
+    if todo:
+        step(f"generate: {len(todo)} parts to make with the {config.backend} backend ({done_before} already done)")
+        backend = _backend(config, provenance, root)
+        started = time.monotonic()
+
+        def chunks() -> Iterable[Chunk]:
+            for split, index in todo:
+                yield Chunk(
+                    split,
+                    index,
+                    [Conversation(row, config.turns, config.sampling.seed) for row in part_rows(split, index)],
+                )
+
+        with progress() as bar:
+            task = bar.add_task("generate", total=sum(len(part_rows(s, i)) for s, i in todo))
+
+            def on_done(chunk: Chunk) -> None:
+                records = [conversation.record(common) for conversation in chunk.conversations]
+                (out / chunk.split).mkdir(parents=True, exist_ok=True)
+                write_part(part_path(out / chunk.split, chunk.index), records)
+                stats["samples"] += len(records)
+                stats["completion_tokens"] += sum(t["completion_tokens"] for r in records for t in r["turns"])
+                bar.advance(task, len(records))
+
+            try:
+                backend.process(chunks(), on_done)
+            except Eagle3Error as exc:
+                parts = {split: finished_parts(out / split) for split in config.splits}
+                samples = sum(len(part_rows(s, i)) for s in parts for i in parts[s])
+                raise Eagle3Error(
+                    f"{exc}; {sum(map(len, parts.values()))}/{sum(total_parts.values())} parts "
+                    f"({samples}/{sum(map(len, rows.values()))} samples) are finished and kept, rerun to continue"
+                ) from None
+            finally:
+                elapsed = time.monotonic() - started
+                backend.close()
+
+    missing = {s: total_parts[s] - len(finished_parts(out / s)) for s in config.splits}
+    if any(missing.values()):
+        step(f"rank {rank}/{world_size} done; parts still missing (other ranks): {missing}")
+        return
+    write_manifest(out, config.splits)
+    _write_metrics(root, out, config, stats, elapsed)
+
+
+def run_settings(config: GenerateParams, provenance: Provenance, root: Path) -> dict[str, Any]:
+    """What the parts are made from (the run key's input): params without execution-only settings, the
+    verifier's identity, the prepared rows' hashes, the part format."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "generate": pinned_settings(config),
+        "verifier": provenance.identity(*TEXT_IDENTITY),
+        "prepared": {split: content_sha256(root, split) for split in config.splits},
+    }
+
+
+def _write_metrics(root: Path, out: Path, config: GenerateParams, stats: Counter, elapsed: float) -> None:
+    totals: Counter = Counter()
+    skipped: Counter = Counter()
+    finish: Counter = Counter()
+    reasoning: Counter = Counter()
+    truncated: Counter = Counter()
+    for split in config.splits:
+        parts = finished_parts(out / split)
+        for index in sorted(parts):
+            for record in read_part(parts[index]):
+                totals["samples"] += 1
+                if record["status"] == "skipped":
+                    skipped[record["skip_reason"]] += 1
+                    continue
+                totals["ok"] += 1
+                if record["truncated_reason"]:
+                    truncated[record["truncated_reason"]] += 1
+                for turn in record["turns"]:
+                    totals["assistant_turns"] += 1
+                    totals["prompt_tokens"] += turn["prompt_tokens"]
+                    totals["completion_tokens"] += turn["completion_tokens"]
+                    finish[turn["finish_reason"] or "unknown"] += 1
+                    if turn["reasoning_format"]:
+                        reasoning[turn["reasoning_format"]] += 1
+    metrics = {
+        "backend": config.backend,
+        **dict(totals),
+        "skipped": dict(sorted(skipped.items())),
+        "truncated_conversations": dict(sorted(truncated.items())),
+        "finish_reasons": dict(sorted(finish.items())),
+        "turns_with_reasoning": dict(sorted(reasoning.items())),
+        # A rerun that found every part finished measured nothing: it reports the run that did the work.
+        "this_run": measured_run(
+            root,
+            "generate",
+            {
+                "samples": stats["samples"],
+                "completion_tokens": stats["completion_tokens"],
+                "generation_seconds": round(elapsed, 2),
+                "completion_tokens_per_s": round(stats["completion_tokens"] / elapsed, 1)
+                if elapsed > 0 and stats["samples"]
+                else None,
+            },
+            bool(stats["samples"]),
+        ),
+    }
+    write_json(root / GENERATE_METRICS, metrics)
+    step(
+        f"generated {totals['ok']} conversations ({totals['completion_tokens']} completion tokens), "
+        f"skipped {dict(skipped) or 0}; this run: {metrics['this_run']['completion_tokens_per_s']} tok/s -> "
+        f"{SYNTHETIC_DIR}"
+    )
+
+
+def _backend(config: GenerateParams, provenance: Provenance, root: Path) -> GenerationBackend:
+    if config.backend == "vllm":
+        from eagle3.engines.generation.vllm_offline import VllmBackend
+
+        return VllmBackend(config, verifier_dir(root), provenance)
+    if config.backend == "openai":
+        from eagle3.engines.generation.openai_servers import OpenAIBackend
+
+        return OpenAIBackend(config)
+    from eagle3.engines.generation.hf_transformers import TransformersBackend
+
+    return TransformersBackend(config, verifier_dir(root), provenance)

@@ -1,0 +1,179 @@
+"""Stage `train`: the EAGLE-3 draft, trained with training-time test on the extracted hidden states.
+
+The objective and one optimizer step are eagle3/training/objective.py; which samples form each batch,
+eagle3/training/data.py; processes and devices, eagle3/training/distributed.py. This module is the loop:
+build the draft, resume from the newest checkpoint, step, log, checkpoint.
+
+Data: the training shards through HiddenStateDataset (DataLoader workers decompress in parallel). Under
+torchrun (`torchrun --nproc-per-node N stages/train.py`) rank r takes every world_size-th sequence of each
+global batch and the loss is normalised by global counts, so 1 and N processes train the same model.
+
+Resume: a checkpoint (eagle3/formats/checkpoints.py) every `checkpoint_every` steps and at the end. The step
+fixes the data position and the learning rate, so a rerun after kill -9 continues from the newest checkpoint
+and ends at the same weights as an uninterrupted run (CPU). Curves go to metrics/train/ through DVCLive.
+"""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from eagle3.errors import Eagle3Error
+from eagle3.formats.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from eagle3.formats.hf_config import read_config
+from eagle3.formats.hf_weights import load_verifier_tensors
+from eagle3.formats.provenance import Provenance, read_provenance, verifier_dir
+from eagle3.formats.shards import HiddenStateDataset, read_index, split_shards
+from eagle3.formats.vocab import load_vocab
+from eagle3.hashing import sha256_file
+from eagle3.modeling.draft import DraftConfig
+from eagle3.params.base import StageParams, pinned_settings
+from eagle3.params.train import TrainParams
+from eagle3.paths import CHECKPOINT_DIR, HIDDEN_INDEX, VOCAB_FILE
+from eagle3.progress import progress, step
+from eagle3.resume import resume_or_reset, run_key
+from eagle3.training.data import BatchPlan, collate, measure_aux_scale, sample_lengths
+from eagle3.training.distributed import Dist, Quiet, setup_distributed
+from eagle3.training.log import Window, open_log
+from eagle3.training.objective import init_draft, learning_rate, make_objective, make_optimizer, train_step
+
+
+class Params(StageParams):
+    train: TrainParams
+
+
+def run(params: Params, root: Path, options=None) -> None:
+    world = setup_distributed()
+    try:
+        _train(params.train, root, world)
+    finally:
+        world.close()
+
+
+def run_settings(root: Path, config: TrainParams, draft_config: DraftConfig, provenance: Provenance) -> dict[str, Any]:
+    """What the checkpoints are made from (the run key's input)."""
+    return {
+        "train": pinned_settings(config),
+        "draft": draft_config.to_json(),
+        "vocab_sha256": sha256_file(root / VOCAB_FILE),
+        "shards_index_sha256": sha256_file(root / HIDDEN_INDEX),
+        "verifier": {**provenance.identity("name", "config_sha256"), **provenance.weights_identity()},
+    }
+
+
+def build(root: Path, config: TrainParams, provenance: Provenance) -> tuple[DraftConfig, HiddenStateDataset, dict]:
+    """The draft's shape, the training shards and the vocab maps {"d2t", "t2d"}."""
+    index = read_index(root)
+    d2t, t2d = load_vocab(root)
+    draft_config = DraftConfig.from_verifier(
+        read_config(verifier_dir(root)), tuple(index["layer_ids"][:-1]), len(d2t), config.intermediate_size
+    )
+    if index["layer_ids"][-1] != provenance.num_hidden_layers:
+        raise Eagle3Error(
+            f"{root / HIDDEN_INDEX}: the last captured layer must be the final one "
+            f"({provenance.num_hidden_layers}), got {index['layer_ids'][-1]}; rerun `eagle3 extract`"
+        )
+    expected = {
+        "layer_ids": index["layer_ids"],
+        "hidden_size": provenance.hidden_size,
+        "tokenizer_sha256": provenance.tokenizer_sha256,
+    }
+    dataset = HiddenStateDataset(split_shards(root, "train"), expected)
+    return draft_config, dataset, {"d2t": d2t, "t2d": t2d}
+
+
+def _train(config: TrainParams, root: Path, world: Dist) -> None:
+    provenance = read_provenance(root)
+    draft_config, dataset, vocab = build(root, config, provenance)
+    if config.batch_size % world.world:
+        raise Eagle3Error(
+            f"train.batch_size: {config.batch_size} must be a multiple of the number of processes ({world.world})"
+        )
+    if len(dataset) < config.batch_size:
+        raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {len(dataset)} training sequences")
+    out = root / CHECKPOINT_DIR
+    settings = run_settings(root, config, draft_config, provenance)
+    if world.main and not resume_or_reset(out, settings)[1]:
+        step("train: no checkpoint made with these settings; starting fresh")
+    world.barrier()
+
+    verifier = load_verifier_tensors(verifier_dir(root))
+    draft = init_draft(draft_config, verifier, vocab["d2t"], config.seed)
+    steps_per_epoch = len(dataset) // config.batch_size
+    total = steps_per_epoch * config.epochs
+    optimizer = make_optimizer(draft, config)
+    checkpoint = latest_checkpoint(out)
+    start = 0
+    if checkpoint is not None:
+        start = load_checkpoint(checkpoint, draft, optimizer)["step"]
+        if world.main:
+            step(f"train: resuming from {checkpoint.name} ({start} of {total} steps done)")
+    else:
+        draft.aux_scale.copy_(measure_aux_scale(dataset, len(draft_config.aux_layer_ids)))
+    if start >= total:
+        if world.main:
+            step(f"train: all {total} steps already done ({checkpoint.name})")
+        return
+
+    objective = make_objective(draft, verifier, vocab["d2t"], vocab["t2d"], config).to(world.device)
+    model: nn.Module = objective
+    if world.world > 1:
+        # Buffers (the verifier's head rows, aux_scale) are identical on every rank by construction: no broadcast.
+        model = nn.parallel.DistributedDataParallel(
+            objective, broadcast_buffers=False, device_ids=[world.device.index] if world.device.type == "cuda" else None
+        )
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=BatchPlan(
+            sample_lengths(dataset), config.batch_size, config.epochs, config.seed, start, world.rank, world.world
+        ),
+        collate_fn=collate,
+        num_workers=config.num_workers,
+        prefetch_factor=4 if config.num_workers else None,
+    )
+    live = open_log(root, start if checkpoint is not None else None) if world.main else None
+    window = Window(config.ttt_steps)
+    key = run_key(settings)
+    tokens_done, started = 0, time.monotonic()
+    with progress() if world.main else Quiet() as bar:
+        task = bar.add_task("train (steps)", total=total, completed=start)
+        for step_index, batch in enumerate(loader, start=start):
+            batch = {k: v.to(world.device) for k, v in batch.items()}
+            lr = learning_rate(config, step_index, total)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            result = train_step(model, objective, optimizer, batch, world, config.grad_clip, config.precision)
+
+            stats = world.all_sum(torch.cat([result.sums.float(), result.correct.float()]).cpu())
+            window.loss += stats[: config.ttt_steps]
+            window.correct += stats[config.ttt_steps :]
+            window.counts += result.counts.cpu()
+            window.objective += float(world.all_sum(result.loss.cpu() / world.world))
+            window.steps += 1
+            tokens_done += int(world.all_sum(torch.tensor(batch["input_ids"].numel())))
+            done = step_index + 1
+            if live is not None and (done % config.log_every == 0 or done == total):
+                window.log(live, done, lr)
+            if done % config.checkpoint_every == 0 or done == total:
+                if world.main:
+                    save_checkpoint(
+                        out,
+                        draft,
+                        optimizer,
+                        {"step": done, "total_steps": total, "run_key": key, "draft_config": draft_config.to_json()},
+                        config.keep_checkpoints,
+                    )
+                world.barrier()
+            bar.advance(task)
+    elapsed = time.monotonic() - started
+    if live is not None:
+        live.summary["tokens_per_s_this_run"] = round(tokens_done / elapsed, 1) if elapsed > 0 else None
+        live.summary["total_steps"] = total
+        live.summary["train_sequences"] = len(dataset)
+        live.make_summary()
+        step(
+            f"train: {total} steps, {tokens_done} padded tokens in {elapsed:.0f} s this run "
+            f"({tokens_done / max(elapsed, 1e-9):.0f} tok/s); checkpoints in {out}"
+        )

@@ -1,0 +1,1 @@
+"""Commands around the pipeline that are not stages: planning the hero run, probing a DVC remote."""

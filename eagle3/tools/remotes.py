@@ -1,0 +1,79 @@
+"""Measure the link to a DVC remote with DVC's own transport, for `eagle3 plan --link-from-remote`.
+
+The probe uploads random bytes (incompressible, like the mantissa plane of hidden states) to
+`<remote>/.eagle3-probe/<random name>` through the same filesystem object `dvc push` uses, times it, and deletes it.
+"""
+
+import os
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from eagle3.errors import Eagle3Error
+
+DEFAULT_PORTS = {"s3": 443, "ssh": 22, "http": 80, "https": 443}
+
+
+def _endpoint(url: str, config: dict) -> tuple[str, int] | None:
+    """Host and port a remote's traffic goes to; None for a local directory."""
+    parts = urlsplit(url)
+    if parts.scheme in ("", "file", "local"):
+        return None
+    if parts.scheme == "s3":
+        endpoint = urlsplit(config.get("endpointurl") or "https://s3.amazonaws.com")
+        return endpoint.hostname, endpoint.port or DEFAULT_PORTS.get(endpoint.scheme, 443)
+    return parts.hostname, int(config.get("port") or parts.port or DEFAULT_PORTS.get(parts.scheme, 22))
+
+
+def measure_upload(root: Path, name: str, probe_bytes: int, connect_timeout: float = 5.0) -> float:
+    """Bytes per second of one upload of `probe_bytes` to DVC remote `name` of the project at `root`."""
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    try:
+        repo = Repo(str(root))
+    except DvcException as exc:
+        raise Eagle3Error(
+            f"--link-from-remote {name}: {root} is not a DVC project ({exc}); run it from the project"
+        ) from None
+    try:
+        return _probe(repo, name, probe_bytes, connect_timeout)
+    finally:
+        repo.close()
+
+
+def _probe(repo, name: str, probe_bytes: int, connect_timeout: float) -> float:
+    remotes = repo.config.get("remote", {})
+    if name not in remotes:
+        known = ", ".join(sorted(remotes)) or "none configured"
+        raise Eagle3Error(f"--link-from-remote {name}: no such DVC remote ({known}); add one with `dvc remote add`")
+    url = remotes[name].get("url", "")
+    endpoint = _endpoint(url, remotes[name])
+    if endpoint is not None:
+        # botocore and asyncssh retry a dead endpoint for up to a minute; a plain connect answers in seconds.
+        try:
+            socket.create_connection(endpoint, timeout=connect_timeout).close()
+        except OSError as exc:
+            raise Eagle3Error(
+                f"remote {name!r} ({url}) unreachable: {endpoint[0]}:{endpoint[1]}: {exc.strerror or exc}; check the "
+                "address and that the server is up"
+            ) from None
+    try:
+        remote = repo.cloud.get_remote(name)
+        fs, target = remote.fs, remote.fs.join(remote.path, ".eagle3-probe", uuid.uuid4().hex)
+        with tempfile.NamedTemporaryFile() as probe:
+            probe.write(os.urandom(probe_bytes))
+            probe.flush()
+            start = time.perf_counter()
+            fs.put_file(probe.name, target)
+            elapsed = time.perf_counter() - start
+        fs.rm(target)
+    except Exception as exc:  # any transport's failure (auth, refused, timeout) is the same answer for the user
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise Eagle3Error(
+            f"remote {name!r} ({url}) unreachable: {message}; check credentials in .dvc/config.local and the address"
+        ) from None
+    return probe_bytes / max(elapsed, 1e-9)

@@ -1,0 +1,1 @@
+"""The pieces of training the train stage and the benchmarks share: objective and step, data, processes, logs."""

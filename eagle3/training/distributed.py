@@ -1,0 +1,65 @@
+"""One process or many (torchrun): which rank this is, its device, and the collectives training needs.
+
+Under torchrun each process trains on its own device (NCCL between CUDA devices, gloo between CPU
+processes); alone, a process takes the first CUDA device if there is one. Reductions run on tensors on the
+process's device, which is what NCCL requires.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(tensor)
+        return tensor
+
+    def close(self) -> None:
+        if self.world > 1:
+            dist.destroy_process_group()
+
+
+def setup_distributed() -> Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
+        return Dist(rank, world, torch.device("cuda", local))
+    dist.init_process_group("gloo")
+    return Dist(rank, world, torch.device("cpu"))
+
+
+class Quiet:
+    """Stands in for the progress bar on ranks other than 0."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, *args, **kwargs):
+        return 0
+
+    def advance(self, *args):
+        pass

@@ -1,0 +1,63 @@
+"""Training curves through DVCLive into metrics/train/ (`dvc plots show`, `dvc metrics show`)."""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3.paths import TRAIN_LOG_DIR
+
+
+def open_log(root: Path, resume_step: int | None):
+    """DVCLive over metrics/train; on resume, rows logged after the checkpoint are dropped first, so a resumed run's
+    curves equal an uninterrupted run's."""
+    from dvclive import Live
+
+    log_dir = root / TRAIN_LOG_DIR
+    if resume_step is None:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    else:
+        for tsv in (log_dir / "plots" / "metrics").rglob("*.tsv"):
+            lines = tsv.read_text(encoding="utf-8").splitlines(keepends=True)
+            tsv.write_text("".join(lines[:1] + [line for line in lines[1:] if int(line.split("\t")[0]) <= resume_step]))
+    # DVC runs this stage, so DVCLive's own DVC/git integration (experiments, dvc.yaml) stays off. It would still
+    # open the repository from the working directory, and that fails in a git repository without commits
+    # (scmrepo: "Empty git repo"); built from a neutral directory with an absolute `dir`, it only writes its files.
+    previous = Path.cwd()
+    with tempfile.TemporaryDirectory() as neutral:
+        os.chdir(neutral)
+        try:
+            return Live(
+                dir=str(log_dir.resolve()),
+                resume=resume_step is not None,
+                save_dvc_exp=False,
+                dvcyaml=None,
+                report=None,
+            )
+        finally:
+            os.chdir(previous)
+
+
+class Window:
+    """Sums over the steps since the last log line, per TTT step."""
+
+    def __init__(self, steps: int):
+        self.loss, self.correct, self.counts = torch.zeros(steps), torch.zeros(steps), torch.zeros(steps)
+        self.objective, self.steps = 0.0, 0
+
+    def log(self, live: Any, done: int, lr: float) -> None:
+        live.step = done
+        live.log_metric("train/loss", round(self.objective / max(self.steps, 1), 6))
+        live.log_metric("train/lr", lr)
+        for i in range(len(self.counts)):
+            count = float(self.counts[i])
+            if count:
+                live.log_metric(f"train/acc_{i}", round(float(self.correct[i]) / count, 6))
+                live.log_metric(f"train/ce_{i}", round(float(self.loss[i]) / count, 6))
+        live.make_summary()
+        for tensor in (self.loss, self.correct, self.counts):
+            tensor.zero_()
+        self.objective, self.steps = 0.0, 0

@@ -1,0 +1,159 @@
+"""What training optimises and one optimizer step of it, shared by the train stage and the benchmarks.
+
+Objective (SpecForge's, on vLLM's inference path, eagle3/modeling/draft.py): the draft is unrolled `ttt_steps`
+times; at step i position t predicts token t+2+i and is scored by soft cross-entropy against the verifier's
+own next-token distribution there, softmax(lm_head(final hidden)) restricted to the draft vocab, weighted
+step_weight**i. A position counts when the token it predicts is an assistant token (loss mask) the draft
+vocab can express. Each step's loss is averaged over the positions that count in the whole global batch, so 1
+and N processes compute the same loss.
+"""
+
+import math
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eagle3.formats.vocab import draft_to_target
+from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.params.train import TrainParams
+from eagle3.training.distributed import Dist
+
+
+class Objective(nn.Module):
+    """Draft + the frozen verifier pieces the loss needs; one forward = one training-time-test unroll, so DDP sees
+    a single forward per step."""
+
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        embed: torch.Tensor,
+        draft_lm_head: torch.Tensor,
+        t2d: torch.Tensor,
+        steps: int,
+        step_weight: float,
+    ):
+        super().__init__()
+        self.draft = draft
+        self.embed = nn.Embedding.from_pretrained(embed, freeze=True)
+        self.register_buffer("target_head", draft_lm_head, persistent=False)
+        self.register_buffer("t2d", t2d, persistent=False)
+        self.steps, self.weights = steps, [step_weight**i for i in range(steps)]
+
+    def targets(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Verifier distribution over the draft vocab [B, T, Vd], its top-1 [B, T], and per step which positions
+        count [B, T]."""
+        with torch.no_grad():
+            logits = batch["final"].to(self.target_head.dtype) @ self.target_head.T
+            probs = logits.float().softmax(-1)
+            ids, mask = batch["input_ids"], batch["loss_mask"]
+            counts = mask & self.t2d[ids]
+            masks = []
+            for i in range(self.steps):
+                shifted = torch.zeros_like(counts)
+                shifted[:, : max(ids.shape[1] - 2 - i, 0)] = counts[:, 2 + i :]
+                masks.append(shifted)
+        return probs, logits.argmax(-1), masks
+
+    def forward(
+        self,
+        batch: dict[str, torch.Tensor],
+        probs: torch.Tensor,
+        top1: torch.Tensor,
+        masks: list[torch.Tensor],
+        global_counts: torch.Tensor,
+        world: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns (loss to backpropagate, per-step loss sums, per-step correct counts) for this process's slice."""
+        features = self.draft.unroll(batch["input_ids"], batch["aux"], self.embed, self.steps)
+        loss = torch.zeros((), device=probs.device)
+        sums, correct = [], []
+        tokens = probs.shape[1]
+        for i, (step_features, mask) in enumerate(zip(features, masks, strict=True)):
+            # Only positions that count go through norm + lm_head: the vocabulary projection is the costliest part.
+            where = mask[:, : tokens - 1 - i]
+            logits = self.draft.logits(step_features[mask]).float()
+            step_sum = F.cross_entropy(logits, probs[:, 1 + i :][where], reduction="sum")
+            sums.append(step_sum.detach())
+            correct.append((logits.argmax(-1) == top1[:, 1 + i :][where]).sum())
+            loss = loss + self.weights[i] * step_sum / global_counts[i].clamp(min=1)
+        # DDP averages gradients over processes; the global normalisation above wants their sum.
+        return loss * world, torch.stack(sums), torch.stack(correct)
+
+
+def init_draft(
+    draft_config: DraftConfig, verifier: dict[str, torch.Tensor], d2t: torch.Tensor, seed: int
+) -> Eagle3Draft:
+    """A fresh draft, deterministic in `seed`, its lm_head started from the verifier's rows of the draft vocab."""
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(draft_config)
+    draft.init_weights(torch.Generator().manual_seed(seed), verifier["lm_head"][draft_to_target(d2t)])
+    return draft
+
+
+def make_objective(
+    draft: Eagle3Draft, verifier: dict[str, torch.Tensor], d2t: torch.Tensor, t2d: torch.Tensor, config: TrainParams
+) -> Objective:
+    # The target head runs in the training precision: in bf16 the verifier's logits cost a fraction of fp32's.
+    head_dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    return Objective(
+        draft,
+        verifier["embed"],
+        verifier["lm_head"][draft_to_target(d2t)].to(head_dtype),
+        t2d,
+        config.ttt_steps,
+        config.step_weight,
+    )
+
+
+def make_optimizer(draft: nn.Module, config: TrainParams) -> torch.optim.Optimizer:
+    # The fused kernel makes a whole training step 1.16-1.29x faster on this CPU than the per-parameter loop
+    # (benchmarks/train_step.py, draft vocab 8,192); it exists for CPU and CUDA and is as deterministic, so
+    # resume stays exact.
+    return torch.optim.AdamW(
+        draft.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=config.weight_decay, fused=True
+    )
+
+
+def learning_rate(config: TrainParams, step_index: int, total: int) -> float:
+    """Linear warmup, then cosine from learning_rate down to min_learning_rate at the last step."""
+    if step_index < config.warmup_steps:
+        return config.learning_rate * (step_index + 1) / config.warmup_steps
+    progress_ = (step_index - config.warmup_steps) / max(total - config.warmup_steps, 1)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(progress_, 1.0)))
+    return config.min_learning_rate + (config.learning_rate - config.min_learning_rate) * cosine
+
+
+def autocast(device: torch.device, precision: str) -> AbstractContextManager:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # the objective as backpropagated (this process's share, x world size)
+    sums: torch.Tensor  # per TTT step: summed soft cross-entropy over this process's counted positions
+    correct: torch.Tensor  # per TTT step: top-1 agreements with the verifier there
+    counts: torch.Tensor  # per TTT step: counted positions over all processes
+
+
+def train_step(
+    model: nn.Module,
+    objective: Objective,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    world: Dist,
+    grad_clip: float,
+    precision: str,
+) -> StepResult:
+    """One optimizer step on one batch (already on the device); `model` is `objective` or its DDP wrapper."""
+    probs, top1, masks = objective.targets(batch)
+    counts = world.all_sum(torch.stack([m.sum() for m in masks]).float())
+    with autocast(world.device, precision):
+        loss, sums, correct = model(batch, probs, top1, masks, counts, world.world)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(objective.draft.parameters(), grad_clip)
+    optimizer.step()
+    return StepResult(loss.detach(), sums, correct, counts)
