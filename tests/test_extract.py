@@ -165,7 +165,7 @@ def test_truncation_is_counted_and_refusals_are_one_line(extracted, tmp_path):
     assert metrics["samples"] + metrics["skipped"]["no_loss_tokens_after_truncation"] == 41  # 40 prompts + the long one
 
 
-# extract.backend vllm: vLLM's extract_hidden_states method through eagle3/vllm_hidden_states.py, on CPU.
+# extract.backend vllm: vLLM's extract_hidden_states method (eagle3/engines/hidden_states/vllm_capture.py), on CPU.
 VLLM_CPU = {"gpu_memory_utilization": 0.3, "cpu_kvcache_space_gib": 1, "enforce_eager": True}
 
 

@@ -26,7 +26,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.publish import licenses, model_card
 from eagle3.publish.dvc_graph import require_report_covers
 
-from conftest import REPO, eagle3, smoke_params, write_params
+from conftest import REPO, eagle3, ran_stages, smoke_params, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,7 @@ EVAL = {
             "lossless_identical": 2,
         },
     ],
-    "headline": {"tokens_per_step_k3_greedy": 1.84, "ngram_tokens_per_step_k3_greedy": 1.27},
+    "headline": {"k": 3, "tokens_per_step_greedy": 1.84, "ngram_tokens_per_step_greedy": 1.27},
 }
 DVC_YAML = {
     "stages": {
@@ -255,8 +255,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
             "draft_repo": "example-org/Kimi-K2.5-EAGLE3",
         },
     )
-    ran = _run(root, "dvc", "repro").stdout
-    assert re.findall(r"Running stage '(\w+)'", ran) == ["verifier", "prepare", "export", "evaluate", "report"]
+    ran_stages(_run(root, "dvc", "repro").stdout, root, {"verifier", "prepare", "export", "evaluate", "report"})
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     lineage = _lineage(root)
 
@@ -325,12 +324,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     # One byte of one input: exactly the artifacts downstream of it get a new lineage.
     prompts = root / "prompts/tiny.jsonl"
     prompts.write_bytes(prompts.read_bytes().replace(b"number 7", b"number 8", 1))
-    assert re.findall(r"Running stage '(\w+)'", _run(root, "dvc", "repro").stdout) == [
-        "prepare",
-        "export",
-        "evaluate",
-        "report",
-    ]
+    ran_stages(_run(root, "dvc", "repro").stdout, root, {"prepare", "export", "evaluate", "report"})
     changed = _lineage(root)
     assert {
         path for path in lineage["artifacts"] if lineage["artifacts"][path] != changed["artifacts"][path]
@@ -419,7 +413,7 @@ def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path)
     params["report"]["sub_source_licenses"] = {"tiny/math": "cc-by-nc-nd-4.0"}
     write_params(root, params)
     failed = _run(root, "dvc", "repro", check=False)
-    assert re.findall(r"Running stage '(\w+)'", failed.stdout) == ["report"]
+    ran_stages(failed.stdout, root, {"report"})
     assert "sub-source 'tiny/math' is cc-by-nc-nd-4.0 (forbidden: non-commercial and no derivatives)" in failed.stderr
 
 

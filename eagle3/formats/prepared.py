@@ -14,7 +14,6 @@
 Written by the prepare stage; generate reads the rows, evaluate the held-out prompts, report the card.
 """
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eagle3.errors import Eagle3Error
+from eagle3.files import read_json
 from eagle3.paths import PREPARED_CARD, prepared_split
 
 SPLITS = ("train", "heldout")
@@ -45,13 +45,7 @@ def read_rows(root: Path, split: str, columns: list[str] | None = None) -> list[
 
 
 def read_card(root: Path) -> dict[str, Any]:
-    path = root / PREPARED_CARD
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path}: missing; run `dvc repro prepare` first") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise Eagle3Error(f"{path}: not valid JSON ({exc})") from None
+    return read_json(root / PREPARED_CARD, "run `dvc repro prepare` first")
 
 
 def content_sha256(root: Path, split: str) -> str:

@@ -54,7 +54,7 @@ import xxhash
 import zstandard
 
 from eagle3.errors import Eagle3Error
-from eagle3.files import partial_path, write_json
+from eagle3.files import partial_path, read_json, write_json
 from eagle3.paths import HIDDEN_DIR, HIDDEN_INDEX
 
 MAGIC, END_MAGIC, VERSION = b"EAGLE3SH", b"E3SHEND1", 1
@@ -371,11 +371,7 @@ def write_index(out: Path, meta: ShardMeta, shards: dict[str, list[Path]]) -> di
 
 
 def read_index(root: Path) -> dict[str, Any]:
-    path = root / HIDDEN_INDEX
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path}: missing; run `dvc repro extract` (or `eagle3 extract`) first") from None
+    return read_json(root / HIDDEN_INDEX, "run `dvc repro extract` (or `eagle3 extract`) first")
 
 
 def split_shards(root: Path, split: str = "train") -> list[Path]:

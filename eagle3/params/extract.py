@@ -20,8 +20,9 @@ class VllmExtractEngine(Section):
 
 
 class ExtractParams(Section):
-    # hf: transformers forward (one process, CPU or one GPU). vllm: vLLM's extract_hidden_states method through
-    # eagle3/vllm_hidden_states.py (tensor parallelism, for verifiers too big for one device). Same tensors.
+    # hf: transformers forward (one process, CPU or one GPU). vllm: vLLM's extract_hidden_states method
+    # (eagle3/engines/hidden_states/vllm_capture.py; tensor parallelism, for verifiers too big for one device).
+    # Both store the same tensors.
     backend: Literal["hf", "vllm"] = "hf"
     vllm: VllmExtractEngine = execution_only(VllmExtractEngine())
     # vLLM numbering (id k = HF hidden_states[k], 0 = embeddings); null = the verifier's default (2, N//2, N-3).

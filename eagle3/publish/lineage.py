@@ -20,13 +20,12 @@ reports/lineage.json, the card's hash, and a verifier that lives outside the
 repository against its recorded hashes.
 """
 
-import json
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from eagle3.errors import Eagle3Error
-from eagle3.files import dumps, write_text
+from eagle3.files import dumps, read_json, write_text
 from eagle3.formats.prepared import read_card
 from eagle3.formats.provenance import (
     describe_model_dir,
@@ -80,15 +79,6 @@ _DATASET_FIELDS = (
 )
 
 
-def _read_json(path: Path, hint: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path.as_posix()}: missing; {hint}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise Eagle3Error(f"{path.as_posix()}: not valid JSON ({exc})") from None
-
-
 def external_inputs(root: Path, sub_source_licenses: dict[str, str]) -> dict[str, Any]:
     provenance = read_provenance(root).to_json()
     card = read_card(root)
@@ -136,7 +126,7 @@ def read_evaluation(root: Path) -> dict[str, Any]:
             "evaluate "
             "stage (`dvc repro`) first"
         )
-    evaluation = _read_json(path, "")
+    evaluation = read_json(path, "")
     runs = evaluation.get("runs") if isinstance(evaluation, dict) else None
     if not isinstance(runs, list) or not any(isinstance(run, dict) and run.get("method") == "eagle3" for run in runs):
         raise Eagle3Error(f"{EVAL_METRICS.as_posix()}: runs: no eagle3 run to report; rerun the evaluate stage")
@@ -151,7 +141,7 @@ def read_evaluation(root: Path) -> dict[str, Any]:
 
 def read_draft_config(root: Path) -> dict[str, Any]:
     path = root / DRAFT_DIR / "config.json"
-    config = _read_json(path, "a card needs the exported draft: run the export stage (`dvc repro`) first")
+    config = read_json(path, "a card needs the exported draft: run the export stage (`dvc repro`) first")
     if not (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
         raise Eagle3Error(
             f"{path.as_posix()}: eagle_config.eagle_aux_hidden_state_layer_ids missing; vLLM would silently use the "
@@ -238,7 +228,7 @@ def check(root: Path) -> None:
     if not path.is_file():
         problems.append(f"missing: {LINEAGE_JSON.as_posix()} (run `dvc repro`)")
     else:
-        recorded = _read_json(path, "")
+        recorded = read_json(path, "")
         current = stage_records(lock, root)
         for name in sorted(set(current) | set(recorded.get("stages", {}))):
             if recorded.get("stages", {}).get(name) != current.get(name):

@@ -244,7 +244,7 @@ def run(params: Params, root: Path, options=None) -> None:
         },
         "runs": runs,
         "prompts": {"split": "heldout", "count": len(prompts), "prompt_hashes": hashes},
-        # True where this vLLM build needed eagle3/speculative.py's fix for sampled (temperature > 0) runs.
+        # True where this vLLM build needed eagle3/engines/speculative.py's fix for sampled (temperature > 0) runs.
         "repaired_vllm_temperature_expansion": repaired,
         "seconds": round(time.monotonic() - started, 1),
     }
