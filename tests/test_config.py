@@ -152,6 +152,10 @@ INVALID = [
         "params.yaml: train.precision: must be one of 'bf16' or 'fp32', got 'fp8'",
     ),
     (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
+    (
+        lambda p: _set(p, "evaluate.headline_k", 5),
+        "params.yaml: evaluate: headline_k 5 must be one of num_speculative_tokens [3]",
+    ),
 ]
 
 

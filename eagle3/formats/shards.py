@@ -1,5 +1,8 @@
 """Hidden-state shards: many samples per file, compressed, checksummed, random access, no pickle.
 
+(Longer than most modules on purpose: the spec, the codec, the writer, the checked reader and the dataset
+that reads them are one format; apart, a change to the layout could update one side and not the other.)
+
 File layout (all integers little-endian)::
 
     prefix   8s magic b"EAGLE3SH" | u16 format version | u16 reserved | u32 header length
