@@ -155,6 +155,16 @@ def test_params_cover_every_section_the_stage_can_read(stage):
         assert tracked is None or section in tracked, f"stage {stage} reads params section {section!r}: add it"
 
 
+@pytest.mark.parametrize("stage", list(read_yaml(REPO / "dvc.yaml")["stages"]))
+def test_a_stage_reads_its_sections_as_the_whole_file_does(stage):
+    """Same section types and the same optional sections, so a params file valid for `eagle3 check` runs every stage."""
+    from eagle3.config import Params
+
+    for name, field in _stage_module(read_yaml(REPO / "dvc.yaml")["stages"][stage]).Params.model_fields.items():
+        whole = Params.model_fields[name]
+        assert (field.annotation, field.is_required()) == (whole.annotation, whole.is_required()), (stage, name)
+
+
 def test_outputs_are_the_paths_eagle3_paths_owns():
     owned = {value.as_posix() for value in vars(paths).values() if isinstance(value, Path)}
     for name, definition in read_yaml(REPO / "dvc.yaml")["stages"].items():

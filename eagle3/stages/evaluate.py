@@ -45,7 +45,7 @@ from eagle3.progress import step
 
 
 class Params(StageParams):
-    evaluate: EvaluateParams
+    evaluate: EvaluateParams = EvaluateParams()
 
 
 def heldout_prompts(root: Path, limit: int | None) -> tuple[list[str], list[list[dict[str, str]]]]:

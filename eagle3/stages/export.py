@@ -18,7 +18,7 @@ from eagle3.progress import step
 
 
 class Params(StageParams):
-    export: ExportParams
+    export: ExportParams = ExportParams()
 
 
 def run(params: Params, root: Path, options=None) -> None:

@@ -15,9 +15,9 @@ from eagle3.publish.lineage import check, publish
 
 
 class Params(StageParams):
-    report: ReportParams
+    report: ReportParams = ReportParams()
     # The serve command on the card uses the k the draft was exported for.
-    export: ExportParams
+    export: ExportParams = ExportParams()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -41,7 +41,7 @@ from eagle3.training.objective import init_draft, learning_rate, make_objective,
 
 
 class Params(StageParams):
-    train: TrainParams
+    train: TrainParams = TrainParams()
 
 
 def run(params: Params, root: Path, options=None) -> None:

@@ -28,7 +28,7 @@ from eagle3.progress import progress, step
 
 
 class Params(StageParams):
-    vocab: VocabParams
+    vocab: VocabParams = VocabParams()
 
 
 def count_tokens(paths: list[Path], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import Eagle3Error
+from eagle3.paths import EXTRACT_METRICS
 from eagle3.tools.plan import GB, PRESETS, TB, Inputs, VerifierShape, compute, verifier_shape
 
 
@@ -170,7 +171,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compression-ratio", type=float, help="raw/stored bytes (default: compression_ratio in --metrics)"
     )
     data.add_argument(
-        "--metrics", default="metrics/extract.json", help="the extract stage's metrics (default metrics/extract.json)"
+        "--metrics",
+        default=EXTRACT_METRICS.as_posix(),
+        help=f"the extract stage's metrics (default {EXTRACT_METRICS.as_posix()})",
     )
     machines = parser.add_argument_group("link and machines")
     machines.add_argument(
