@@ -152,6 +152,7 @@ def test_changed_settings_discard_old_parts_and_execution_settings_do_not(verifi
     server_params = {"backend": "openai", "openai": {"base_urls": ["http://127.0.0.1:9/v1"], "model": "m"}}
     root = project(tmp_path, verifier_project, _params(server_params))
     from eagle3.config import load_params
+    from eagle3.environment import capture, fingerprint
     from eagle3.formats.provenance import read_provenance
     from eagle3.resume import resume_or_reset, run_key
     from eagle3.stages.generate import run_settings
@@ -179,4 +180,11 @@ def test_changed_settings_discard_old_parts_and_execution_settings_do_not(verifi
     assert hotter_key != run_key(base)
     assert resume_or_reset(out, hotter) == (hotter_key, False)
     assert not (out / "train").exists()
+
+    # The environment is provenance only, unless pinned: then it is part of the key and an upgrade starts over.
+    assert "environment" not in base
+    pinned = settings(_params({**server_params, "pin_environment": True}))
+    assert pinned["environment"] == fingerprint(capture()) and run_key(pinned) != run_key(base)
+    upgraded = {**pinned, "environment": {**pinned["environment"], "python": "3.99.0"}}
+    assert run_key(upgraded) != run_key(pinned)
     assert json.loads((out / "run.json").read_text())["key"] == hotter_key

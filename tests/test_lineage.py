@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,16 @@ EVAL = {
         },
     ],
     "headline": {"k": 3, "tokens_per_step_greedy": 1.84, "ngram_tokens_per_step_greedy": 1.27},
+    # As the evaluate stage records it (eagle3/environment.py), from a machine unlike any that runs this test.
+    "environment": {
+        "python": "3.10.1",
+        "packages": {"torch": "0.0.1", "vllm": "0.0.2"},
+        "cpu": {"model": "Test CPU", "logical_cpus": 2, "machine": "x86_64"},
+        "threads": {"torch": 2, "usable_cpus": 2},
+        "parallel": {"tensor_parallel_size": 1, "world_size": 1},
+        "switches": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        "accelerator": {"kind": "cpu"},
+    },
 }
 DVC_YAML = {
     "stages": {
@@ -319,7 +330,19 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
         and lineage["inputs"]["verifier"]["source"]["path"] == "<local>/Kimi-K2.5"
     )
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status").stdout
-    assert eagle3(root, "lineage", "--check").returncode == 0
+    # The environment that made each recording artifact is in all three outputs; a record from another machine is
+    # a warning on --check (rerunning there will not reproduce it), never a failure.
+    assert lineage["environments"] == {
+        "metrics/eval.json": [{"environment": EVAL["environment"], "made": ["eval.json"]}]
+    }
+    shown = "vllm 0.0.2, torch 0.0.1, Python 3.10.1; CPU Test CPU (2 logical); TP 1"
+    assert f"| `metrics/eval.json` | eval.json | {shown} |" in markdown
+    assert f"- `metrics/eval.json`: {shown}" in card
+    checked = eagle3(root, "lineage", "--check")
+    assert checked.returncode == 0
+    warning = next(line for line in checked.stderr.splitlines() if line.startswith("warning: "))
+    assert warning.startswith("warning: metrics/eval.json (stage evaluate) was made with ")
+    assert f"packages.torch: 0.0.1 -> {metadata.version('torch')}" in warning and "python: 3.10.1 -> " in warning
 
     # One byte of one input: exactly the artifacts downstream of it get a new lineage.
     prompts = root / "prompts/tiny.jsonl"

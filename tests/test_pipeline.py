@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,7 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
         "reports/lineage.json",
     } <= outs
     check_evaluation(root, prompts=8, temperature=0.7)
+    check_environments(root)
     plots = _run(root, "dvc", "plots", "show", "--json")
     assert "metrics/eval/tokens_per_step.csv" in plots and "metrics/train/plots/metrics" in plots
 
@@ -160,3 +162,24 @@ def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
         }
     ]
     assert (root / "reports/eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def check_environments(root: Path) -> None:
+    """Every stage that runs a model recorded the environment that made its pieces, and the lineage shows it."""
+    environments = json.loads((root / "reports/lineage.json").read_text())["environments"]
+    assert sorted(environments) == ["checkpoints", "data/hidden", "data/synthetic", "metrics/eval.json"]
+    for entries in environments.values():
+        assert len(entries) == 1 and entries[0]["environment"]["packages"]["torch"] == metadata.version("torch")
+    parts = sorted(
+        p.relative_to(root / "data/synthetic").as_posix() for p in (root / "data/synthetic").glob("*/part-*")
+    )
+    assert environments["data/synthetic"][0]["made"] == parts
+    generated = environments["data/synthetic"][0]["environment"]
+    assert generated["backend"] == "vllm" and generated["switches"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    shards = sorted(p.relative_to(root / "data/hidden").as_posix() for p in (root / "data/hidden").glob("*/shard-*"))
+    assert environments["data/hidden"][0]["made"] == shards
+    total = json.loads((root / "metrics/train/metrics.json").read_text())["total_steps"]
+    assert environments["checkpoints"][0]["made"][-1] == f"step-{total:07d}"
+    assert environments["metrics/eval.json"][0]["environment"]["parallel"]["tensor_parallel_size"] == 1
+    assert "## Environments" in (root / "reports/lineage.md").read_text()
+    assert "Made with" in (root / "models/draft/README.md").read_text()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.engines.vllm_env import engine_args, import_vllm, prepare_environment
+from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
 
 
@@ -162,6 +163,8 @@ def _child(request_path: Path, result_path: Path) -> None:
         )
     )
     repaired = _repair_token_expansion()
+    # Captured here, where the engine runs and its switches are set.
+    environment = capture(tensor_parallel_size=engine.tensor_parallel_size)
     results = []
     for sampling in map(lambda s: Sampling(**s), request["samplings"]):
         before = _counters(llm)
@@ -181,6 +184,7 @@ def _child(request_path: Path, result_path: Path) -> None:
                 ],
                 "counters": _delta(_counters(llm), before),
                 "repaired_token_expansion": repaired,
+                "environment": environment,
             }
         )
     result_path.write_text(json.dumps(results), encoding="utf-8")

@@ -42,6 +42,10 @@ class ExtractParams(Section):
     reserve_free_gb: float = execution_only(1.0, ge=0)
     # Skip the free-space check entirely (e.g. on filesystems that report no meaningful free space).
     ignore_disk_check: bool = execution_only(False)
+    # Also put the execution environment (package versions, accelerator, CPU, parallelism: eagle3/environment.py)
+    # into the run key, so finished work made elsewhere is redone rather than mixed. Off: it is recorded only.
+    # (Left out of the key as a setting: its effect enters it as the environment itself.)
+    pin_environment: bool = execution_only(False)
 
     @field_validator("aux_layer_ids")
     @classmethod

@@ -57,6 +57,10 @@ class GenerateParams(Section):
     vllm: VllmEngine = VllmEngine()
     openai: OpenAIServers | None = None
     transformers: TransformersFallback = TransformersFallback()
+    # Also put the execution environment (package versions, accelerator, CPU, parallelism: eagle3/environment.py)
+    # into the run key, so finished work made elsewhere is redone rather than mixed. Off: it is recorded only.
+    # (Left out of the key as a setting: its effect enters it as the environment itself.)
+    pin_environment: bool = execution_only(False)
 
     @model_validator(mode="after")
     def _openai_needs_servers(self) -> "GenerateParams":

@@ -31,6 +31,10 @@ class TrainParams(Section):
     # DataLoader processes decompressing shards (0: in the training process).
     num_workers: NonNegativeInt = execution_only(1)
     seed: int = 0
+    # Also put the execution environment (package versions, accelerator, CPU, parallelism: eagle3/environment.py)
+    # into the run key, so finished work made elsewhere is redone rather than mixed. Off: it is recorded only.
+    # (Left out of the key as a setting: its effect enters it as the environment itself.)
+    pin_environment: bool = execution_only(False)
 
     @model_validator(mode="after")
     def _lr_order(self) -> "TrainParams":

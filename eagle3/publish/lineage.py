@@ -20,10 +20,12 @@ reports/lineage.json, the card's hash, and a verifier that lives outside the
 repository against its recorded hashes.
 """
 
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from eagle3.environment import capture, differences, read_environments
 from eagle3.errors import Eagle3Error
 from eagle3.files import dumps, read_json, write_text
 from eagle3.formats.prepared import read_card
@@ -195,6 +197,7 @@ def publish(config: ReportParams, export: ExportParams, root: Path) -> None:
             "unused_overrides": licenses.unused_overrides(candidates, config.license_overrides),
         },
         "evaluation": {"path": EVAL_METRICS.as_posix(), "headline": evaluation["headline"]},
+        "environments": redact(artifact_environments(root, graph["artifacts"]), root),
     }
     card = model_card.render(lineage, evaluation, draft_config, config, export.num_speculative_tokens)
     lineage["card"] = {"path": MODEL_CARD.as_posix(), "sha256": sha256_bytes(card.encode("utf-8"))}
@@ -243,6 +246,8 @@ def check(root: Path) -> None:
                 f"{LINEAGE_JSON.as_posix()}"
             )
         problems += _verifier_problems(root, recorded.get("inputs", {}).get("verifier", {}))
+        for warning in environment_warnings(recorded):
+            print(f"warning: {warning}", file=sys.stderr)
     if problems:
         for problem in problems:
             print(problem)
@@ -250,6 +255,44 @@ def check(root: Path) -> None:
             f"lineage check: {len(problems)} problem(s), the workspace is not what the lineage describes (listed above)"
         )
     step(f"lineage check: {len(lock)} stages and every recorded hash match the workspace")
+
+
+def artifact_environments(root: Path, artifacts: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """{artifact: [{environment, made}]} for every artifact that records the environment that made it: resumable
+    outputs in their environments/ directory, metrics files in their `environment` field."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for path in artifacts:
+        target = root / path
+        entries: list[dict[str, Any]] = []
+        if target.is_dir():
+            entries = read_environments(target)
+        elif target.suffix == ".json" and target.is_file():
+            data = read_json(target, "")
+            if isinstance(data, dict) and isinstance(data.get("environment"), dict):
+                entries = [{"environment": data["environment"], "made": [target.name]}]
+        if entries:
+            found[path] = entries
+    return found
+
+
+def environment_warnings(recorded: dict[str, Any]) -> list[str]:
+    """Artifacts made on another machine or software stack than this one: rerunning their stage here will not
+    reproduce their bytes (README "Reproducibility"). Warnings, not problems: the record itself is intact."""
+    environments = recorded.get("environments") or {}
+    if not environments:
+        return []
+    current = capture()
+    warnings = []
+    for path, entries in sorted(environments.items()):
+        stage = (recorded.get("artifacts", {}).get(path) or {}).get("stage", "?")
+        for entry in entries:
+            changed = differences(entry["environment"], current)
+            if changed:
+                warnings.append(
+                    f"{path} (stage {stage}) was made with {'; '.join(changed)} (recorded -> here): rerunning "
+                    f"{stage} here will not reproduce it byte for byte; `dvc pull` it instead"
+                )
+    return warnings
 
 
 def _verifier_problems(root: Path, recorded: dict[str, Any]) -> list[str]:

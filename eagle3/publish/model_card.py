@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from eagle3.environment import summary
 from eagle3.params.report import ReportParams
 from eagle3.paths import DRAFT_DIR, SPECULATORS_DRAFT_DIR
 from eagle3.publish import licenses
@@ -208,7 +209,8 @@ def render(
         "",
         f"Pipeline ({' → '.join(lineage['order'])}) at git commit `{lineage['code']['commit'] or 'none'}`. "
         "`reports/lineage.md` lists every artifact's md5, the command, inputs and params that made it; "
-        "`eagle3 lineage --check` verifies a checkout against it.",
+        "`eagle3 report --check` verifies a checkout against it.",
+        *_environments(lineage),
         "",
         "## License",
         "",
@@ -251,3 +253,15 @@ def _verifier_source(verifier: dict[str, Any]) -> str:
         )
     weights = verifier.get("weight_index_sha256") or verifier.get("weight_headers_sha256")
     return f"config sha256 `{verifier.get('config_sha256')}`, weights fingerprint `{weights}`."
+
+
+def _environments(lineage: dict[str, Any]) -> list[str]:
+    """Where the answers, hidden states, weights and figures were computed: results reproduce byte for byte only
+    on the same software and hardware."""
+    environments = lineage.get("environments") or {}
+    if not environments:
+        return []
+    lines = ["", "Made with (the full records are in `reports/lineage.json`):", ""]
+    for path, entries in environments.items():
+        lines += [f"- `{path}`: {summary(entry['environment'])}" for entry in entries]
+    return lines

@@ -221,6 +221,7 @@ def run(params: Params, root: Path, options=None) -> None:
         )
         greedy, sampled = run_engine(Request(engine, speculation, prompts, samplings))
         repaired |= sampled["repaired_token_expansion"]
+        environment = sampled["environment"]
         if method == "none":
             reference = [c["token_ids"] for c in greedy["completions"]]
         runs.append(summarize(method, k, greedy, len(prompts), reference))
@@ -246,6 +247,8 @@ def run(params: Params, root: Path, options=None) -> None:
         "prompts": {"split": "heldout", "count": len(prompts), "prompt_hashes": hashes},
         # True where this vLLM build needed eagle3/engines/speculative.py's fix for sampled (temperature > 0) runs.
         "repaired_vllm_temperature_expansion": repaired,
+        # What the vLLM engines ran on (eagle3/environment.py): the figures depend on it (README "Reproducibility").
+        "environment": environment,
         "seconds": round(time.monotonic() - started, 1),
     }
     write_json(root / EVAL_METRICS, metrics)

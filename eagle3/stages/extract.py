@@ -30,6 +30,7 @@ import torch
 
 from eagle3.chat.token_layout import Sequence, layout
 from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture, open_capture
+from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
@@ -90,6 +91,9 @@ def run(params: Params, root: Path, options=None) -> None:
         "verifier": provenance.identity(*TEXT_IDENTITY),
         "synthetic_manifest_sha256": sha256_file(manifest),
     }
+    tensor_parallel = config.vllm.tensor_parallel_size if config.backend == "vllm" else None
+    if config.pin_environment:
+        settings["environment"] = fingerprint(capture(tensor_parallel_size=tensor_parallel))
     if not resume_or_reset(out, settings)[1]:
         step("extract: no finished shards made with these settings; starting fresh")
 
@@ -112,6 +116,7 @@ def run(params: Params, root: Path, options=None) -> None:
             f"{config.backend}"
         )
         backend = open_capture(CaptureRequest(verifier_dir(root), provenance, meta.layer_ids, config, spool))
+        log = EnvironmentLog(out, {**capture(tensor_parallel_size=tensor_parallel), "backend": config.backend})
         started = time.monotonic()
         try:
             with progress() as bar:
@@ -126,6 +131,7 @@ def run(params: Params, root: Path, options=None) -> None:
                             writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
                             done_tokens += len(sequence.input_ids)
                             bar.advance(task, len(sequence.input_ids))
+                    log.made(f"{plan.split}/{plan.path_name}")
         finally:
             backend.close()
             shutil.rmtree(spool, ignore_errors=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.engines.generation.base import Chunk, Conversation, GenerationBackend
+from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.prepared import content_sha256, read_rows
@@ -55,7 +56,9 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     provenance = read_provenance(root)
     rows = {split: read_rows(root, split) for split in config.splits}
     out = root / SYNTHETIC_DIR
-    if not resume_or_reset(out, run_settings(config, provenance, root))[1]:
+    tensor_parallel = config.vllm.tensor_parallel_size if config.backend == "vllm" else None
+    environment = capture(tensor_parallel_size=tensor_parallel, world_size=world_size)
+    if not resume_or_reset(out, run_settings(config, provenance, root, environment))[1]:
         step("generate: no finished parts made with these settings; starting fresh")
 
     total_parts = {split: -(-len(split_rows) // config.chunk_size) for split, split_rows in rows.items()}
@@ -77,6 +80,12 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     if todo:
         step(f"generate: {len(todo)} parts to make with the {config.backend} backend ({done_before} already done)")
         backend = _backend(config, provenance, root)
+        # Captured again once the engine has set its switches; what made the parts, with the backend's own facts.
+        log = EnvironmentLog(
+            out,
+            {**capture(tensor_parallel_size=tensor_parallel, world_size=world_size), **backend.environment()},
+            rank,
+        )
         started = time.monotonic()
 
         def chunks() -> Iterable[Chunk]:
@@ -93,7 +102,9 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
             def on_done(chunk: Chunk) -> None:
                 records = [conversation.record(common) for conversation in chunk.conversations]
                 (out / chunk.split).mkdir(parents=True, exist_ok=True)
-                write_part(part_path(out / chunk.split, chunk.index), records)
+                path = part_path(out / chunk.split, chunk.index)
+                write_part(path, records)
+                log.made(f"{chunk.split}/{path.name}")
                 stats["samples"] += len(records)
                 stats["completion_tokens"] += sum(t["completion_tokens"] for r in records for t in r["turns"])
                 bar.advance(task, len(records))
@@ -119,15 +130,20 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     _write_metrics(root, out, config, stats, elapsed)
 
 
-def run_settings(config: GenerateParams, provenance: Provenance, root: Path) -> dict[str, Any]:
+def run_settings(
+    config: GenerateParams, provenance: Provenance, root: Path, environment: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """What the parts are made from (the run key's input): params without execution-only settings, the
-    verifier's identity, the prepared rows' hashes, the part format."""
-    return {
+    verifier's identity, the prepared rows' hashes, the part format; with `pin_environment`, the environment."""
+    settings = {
         "format_version": FORMAT_VERSION,
         "generate": pinned_settings(config),
         "verifier": provenance.identity(*TEXT_IDENTITY),
         "prepared": {split: content_sha256(root, split) for split in config.splits},
     }
+    if config.pin_environment:
+        settings["environment"] = fingerprint(environment or capture())
+    return settings
 
 
 def _write_metrics(root: Path, out: Path, config: GenerateParams, stats: Counter, elapsed: float) -> None:

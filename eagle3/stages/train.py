@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
 from eagle3.formats.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from eagle3.formats.hf_config import read_config
@@ -95,6 +96,9 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
         raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {len(dataset)} training sequences")
     out = root / CHECKPOINT_DIR
     settings = run_settings(root, config, draft_config, provenance)
+    environment = capture(world_size=world.world)
+    if config.pin_environment:
+        settings["environment"] = fingerprint(environment)
     if world.main and not resume_or_reset(out, settings)[1]:
         step("train: no checkpoint made with these settings; starting fresh")
     world.barrier()
@@ -135,6 +139,8 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
     )
     live = open_log(root, start if checkpoint is not None else None) if world.main else None
     window = Window(config.ttt_steps)
+    # The steps up to each checkpoint it names were trained in this environment.
+    log = EnvironmentLog(out, {**environment, "device": world.device.type})
     key = run_key(settings)
     tokens_done, started = 0, time.monotonic()
     with progress() if world.main else Quiet() as bar:
@@ -158,13 +164,14 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
                 window.log(live, done, lr)
             if done % config.checkpoint_every == 0 or done == total:
                 if world.main:
-                    save_checkpoint(
+                    saved = save_checkpoint(
                         out,
                         draft,
                         optimizer,
                         {"step": done, "total_steps": total, "run_key": key, "draft_config": draft_config.to_json()},
                         config.keep_checkpoints,
                     )
+                    log.made(saved.name)
                 world.barrier()
             bar.advance(task)
     elapsed = time.monotonic() - started

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from eagle3.chat.reasoning import template_messages
 from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult, drive_batched
@@ -27,6 +28,9 @@ class TransformersBackend:
 
     def process(self, chunks: Iterable[Chunk], on_done: Callable[[Chunk], None]) -> None:
         drive_batched(chunks, self.generate, on_done)
+
+    def environment(self) -> dict[str, Any]:
+        return {"backend": "transformers"}
 
     def close(self) -> None:
         del self.model

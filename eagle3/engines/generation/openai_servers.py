@@ -41,6 +41,18 @@ class OpenAIBackend:
     def process(self, chunks: Iterable[Chunk], on_done: Callable[[Chunk], None]) -> None:
         asyncio.run(self._process(iter(chunks), on_done))
 
+    def environment(self) -> dict[str, Any]:
+        """The servers compute the answers: their vLLM versions (GET /version, where a server has it); URLs stay out
+        of the record, it is published."""
+        versions = set()
+        for url in self.servers:
+            try:
+                response = httpx.get(f"{url.removesuffix('/v1')}/version", headers=self.headers, timeout=5.0)
+                versions.add(str(response.json()["version"]) if response.status_code == 200 else "unknown")
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                versions.add("unknown")
+        return {"backend": "openai", "servers": {"count": len(self.servers), "vllm_versions": sorted(versions)}}
+
     def close(self) -> None:
         pass
 

@@ -8,6 +8,7 @@ identically on every run (eagle3/engines/vllm_env.py), so output is reproducible
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from eagle3.chat.reasoning import template_messages
 from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult, drive_batched
@@ -77,6 +78,9 @@ class VllmBackend:
                     completion_tokens=len(completion.token_ids),
                 )
         return results
+
+    def environment(self) -> dict[str, Any]:
+        return {"backend": "vllm"}
 
     def close(self) -> None:
         del self.llm
