@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3.environment import read_environments
 from eagle3.formats.synthetic import finished_parts, iter_records
 
 from conftest import eagle3, make_project, smoke_params
@@ -56,8 +57,15 @@ def prepared(root: Path) -> dict[str, list[dict]]:
 
 
 def output_files(root: Path) -> dict[str, bytes]:
+    """The generated data, without the environment logs: those say which run made which part, so they differ
+    between runs that made the same bytes in different ways (killed and resumed, split over ranks)."""
     base = root / "data/synthetic"
-    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+    files = (p for p in sorted(base.rglob("*")) if p.is_file() and p.parent.name != "environments")
+    return {str(p.relative_to(base)): p.read_bytes() for p in files}
+
+
+def _parts(root: Path, split: str) -> list[str]:
+    return sorted(p.name for p in (root / "data/synthetic" / split).glob("part-*"))
 
 
 @pytest.fixture(scope="module")
@@ -138,14 +146,24 @@ def test_ranks_on_separate_machines_merge_to_the_single_run(verifier_project, tm
         result = eagle3(root, "generate", "--rank", str(rank), "--world-size", "2")
         assert "parts still missing" in result.stderr
         assert not (root / "data/synthetic/manifest.json").exists()
-    for part in (machines[1] / "data/synthetic").glob("*/part-*"):
-        shutil.copy2(part, machines[0] / "data/synthetic" / part.parent.name / part.name)
+    for piece in (machines[1] / "data/synthetic").glob("*/*"):
+        if piece.name.startswith("part-") or piece.parent.name == "environments":
+            shutil.copy2(piece, machines[0] / "data/synthetic" / piece.parent.name / piece.name)
 
     result = eagle3(machines[0], "generate")
 
     assert "parts to make" not in result.stderr
     assert output_files(machines[0]) == output_files(single)
     assert len(output_files(single)) == 2 + 3 + 2  # run.json, manifest.json, 3 train parts, 2 held-out parts
+    logs = {p.name for p in (machines[0] / "data/synthetic/environments").iterdir()}
+    (rank0,) = {name for name in logs if "-rank" not in name}
+    assert logs == {rank0, rank0.replace(".json", "-rank1.json")}
+    (merged,) = read_environments(machines[0] / "data/synthetic")
+    assert merged["environment"]["parallel"]["world_size"] == 2
+    every_part = sorted(f"{split}/{part}" for split in ("heldout", "train") for part in _parts(single, split))
+    assert merged["made"] == every_part
+    (alone,) = read_environments(single / "data/synthetic")
+    assert alone["environment"]["parallel"]["world_size"] == 1 and alone["made"] == merged["made"]
 
 
 def test_changed_settings_discard_old_parts_and_execution_settings_do_not(verifier_project, tmp_path):

@@ -254,6 +254,8 @@ def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path
     assert [r["origin"] for r in flat if r["status"] == "skipped"] == ["long"]  # the server's 400, counted as a skip
     assert all(m["content"] for r in flat if r["status"] == "ok" for m in r["messages"])
     assert len(output_files(root)) == 2 + 5 + 1  # run.json, manifest.json, 5 train parts, 1 held-out part
+    # The restarted server is the same software on the same machine: one environment made every part.
+    assert len(list((root / "data/synthetic/environments").iterdir())) == 1
 
 
 def test_last_turn_mode_and_history_overflow(verifier_project, tmp_path):
