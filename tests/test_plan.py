@@ -41,36 +41,89 @@ def _error(root: Path, *args: str) -> str:
     return lines[0]
 
 
+def _provenance(root: Path, name: str) -> None:
+    path = root / "models" / "verifier" / "provenance.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"name": name}))
+
+
+# The seed case by hand: Kimi-K2.5 (hidden 7168, 61 layers, vocab 163840, 32e9 active, 600 GB), 3000 x 16384 tokens.
+TOKENS = 3000 * 16384  # 49,152,000
+RAW = TOKENS * 4 * 7168 * 2  # 57,344 B/token: 2,818,572,288,000 B
+STORED = RAW / 1.476
+TEXT = TOKENS * 4
+FLOPS = 2 * 32e9 + 2 * 61 * 16384 * 7168  # 78,327,742,464 per token
+EXTRACT_B200 = 8 * 2250e12 * 0.3 / FLOPS  # 68,941 tokens/s
+EXTRACT_H200_NVL = 8 * 836e12 * 0.3 / FLOPS  # 25,615 tokens/s
+TRAIN_B200 = 8 * 7134 * 2250 / 989  # 129,840 tokens/s
+TRAIN_S = 4 * TOKENS / TRAIN_B200  # 1,514 s
+TENSORS = 2 * 163840 * 7168 * 2  # embedding + lm_head, bf16: 4.70 GB
+DRAFT = 10 * 7168**2 + 3 * 7168 * 18432 + 32000 * 7168  # 1,139,621,888
+CHECKPOINTS = DRAFT * 12 * 3
+LINK = 5e9 * 0.8 / 8  # 5e8 B/s
+USD_PER_S = 8 * 5.0 / 3600
+
+
 def test_seed_case_kimi(tmp_path):
     _metrics(tmp_path)
-    plan = _plan(tmp_path, *SEED)
-    # 4 captured layers x hidden 7168 x 2 bytes; 3000 x 16384 tokens.
-    assert plan["bytes_per_token"] == 57_344
-    assert plan["tokens"] == 49_152_000
-    assert plan["hidden_states"]["raw_bytes"] == 2_818_572_288_000  # 2.82 TB
-    assert plan["hidden_states"]["stored_bytes"] == pytest.approx(2_818_572_288_000 / 1.476)
-    assert plan["hidden_states"]["largest_sample_bytes"] == 16_384 * 57_344
-    # 2 x 32e9 active + attention 2 x 61 layers x 16384 x 7168 = 78,327,742,464 FLOPs per token;
-    # 8 GPUs x 989 TFLOP/s x 0.3 MFU / that = 30,303.4 tokens/s.
-    assert plan["rates"]["flops_per_token"] == 78_327_742_464
-    assert plan["rates"]["target_tokens_per_s"] == pytest.approx(8 * 989e12 * 0.3 / 78_327_742_464)
-    # 5 Gbit/s x 0.8 = 5e8 B/s: the stored states take 1.9097e12 / 5e8 = 3819.4 s to ship.
-    assert plan["scenarios"]["A"]["rented_s"] == pytest.approx(2_818_572_288_000 / 1.476 / 5e8)
-    # B: 600 GB of weights + 4 B/token of text over the link, then extraction.
-    extract_s = 49_152_000 / (8 * 989e12 * 0.3 / 78_327_742_464)
-    assert plan["scenarios"]["B"]["rented_s"] == pytest.approx(600e9 / 5e8 + 49_152_000 * 4 / 5e8 + extract_s)
-    assert plan["scenarios"]["C"]["rented_s"] == pytest.approx(600e9 / 5e8 + 49_152_000 * 4 / 5e8 + 4 * extract_s)
-    assert plan["scenarios"]["B"]["cost_usd"] == pytest.approx(plan["scenarios"]["B"]["rented_s"] / 3600 * 8 * 2.5)
-    # Break-even: 1200 s of weights / (38,850.9 B/token / 5e8 - (4 / 5e8 + 1 / 30,303.4)) = 26.85M tokens.
-    a = 57_344 / 1.476 / 5e8
-    b = 4 / 5e8 + 1 / (8 * 989e12 * 0.3 / 78_327_742_464)
-    assert plan["break_even_a_vs_b"]["tokens"] == pytest.approx(1200 / (a - b))
-    assert 26.8e6 < plan["break_even_a_vs_b"]["tokens"] < 26.9e6
-    assert plan["recommendation"]["scenario"] == "B"
-    assert plan["inputs"]["sources"]["compression_ratio"].startswith("metrics/extract.json")
+    _provenance(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    plan = _plan(tmp_path, *SEED, "--budget-usd", "180-900", "--budget-hours", "6-18")
+    assert plan["bytes_per_token"] == 57_344 and plan["tokens"] == TOKENS
+    assert plan["hidden_states"]["raw_bytes"] == RAW == 2_818_572_288_000
+    assert plan["hidden_states"]["stored_bytes"] == pytest.approx(STORED)
+    assert plan["verifier_train_tensors_bytes"] == TENSORS and plan["draft_params"] == DRAFT
+    rates = plan["rates"]
+    assert rates["flops_per_token"] == FLOPS == 78_327_742_464
+    assert rates["extract_there_tokens_per_s"] == pytest.approx(EXTRACT_B200)
+    assert rates["extract_here_tokens_per_s"] == pytest.approx(EXTRACT_H200_NVL)
+    assert rates["train_tokens_per_s"] == pytest.approx(TRAIN_B200)
+    assert rates["machine_usd_per_hour"] == 40.0  # 8 x B200 at the preset's $5/GPU-hour
+
+    a, b, c = (plan["scenarios"][k] for k in "ABC")
+    assert a["rented_steps_s"] == pytest.approx(
+        {"ship_hidden_states": STORED / LINK, "fetch_verifier_tensors": TENSORS / LINK, "train": TRAIN_S}
+    )
+    assert a["here_steps_s"] == pytest.approx({"extract_here": TOKENS / EXTRACT_H200_NVL})
+    assert b["rented_steps_s"] == pytest.approx(
+        {"fetch_weights": 1200, "ship_text": TEXT / LINK, "extract": TOKENS / EXTRACT_B200, "train": TRAIN_S}
+    )
+    assert c["rented_steps_s"]["verifier_forward_all_epochs"] == pytest.approx(4 * TOKENS / EXTRACT_B200)
+    assert b["rented_s"] == pytest.approx(1200 + TEXT / LINK + TOKENS / EXTRACT_B200 + TRAIN_S)  # 57 min
+    assert b["cost_usd"] == pytest.approx(b["rented_s"] * USD_PER_S)  # $38
+    assert a["cost_usd"] == pytest.approx(a["rented_s"] * USD_PER_S)  # owned here: $0 for extracting there
+    # Disk with hardlinked DVC cache (shared bytes) and 20% headroom.
+    assert a["disk"]["there"]["bytes"] == pytest.approx((STORED + TENSORS + CHECKPOINTS) * 1.2)  # 2.35 TB
+    assert a["disk"]["here"]["bytes"] == pytest.approx((STORED + TEXT) * 1.2)  # 2.29 TB
+    assert b["disk"]["there"]["bytes"] == pytest.approx((600e9 + TEXT + STORED + CHECKPOINTS) * 1.2)  # 3.06 TB
+    assert c["disk"]["there"]["bytes"] == pytest.approx((600e9 + TEXT + CHECKPOINTS) * 1.2)
+    # Here is the 3 TB volume: (3e12 / 1.2) / ((57,344 / 1.476 + 4) x 16,384) = 3,927 samples fit for A.
+    assert a["disk"]["here"]["fits"] and a["disk"]["here"]["largest_samples"] == 3927
+    assert a["disk"]["there"]["budget_tb"] is None and a["disk"]["there"]["largest_samples"] is None
+    # Break-even: (F_B - F_A) / (a - b) with F = bytes fetched over the weights link x $/s.
+    per_a = 57_344 / 1.476 / LINK * USD_PER_S
+    per_b = (4 / LINK + 1 / EXTRACT_B200) * USD_PER_S
+    tokens = (600e9 - TENSORS) / LINK * USD_PER_S / (per_a - per_b)
+    assert plan["break_even_a_vs_b"]["tokens"] == pytest.approx(tokens)
+    assert 1149 < plan["break_even_a_vs_b"]["samples"] < 1151
+    assert plan["recommendation"] == "B" and not c["implemented"]
+    assert b["budget"] == {"usd": "below", "hours": "below"}
+
+    disk, decision, budget = plan["answer"]
+    assert disk.startswith("Disk: the rented machine needs 3.06 TB to extract there (B), or 2.35 TB")
+    assert "here A needs 2.29 TB of 3 TB" in disk and "hardlink" in disk
+    assert decision.startswith(
+        "Extract on the rented machine (B): 57 min rented, $38 (ship 1.91 TB over 4.00 Gbit/s (A): 1.5 h, $59)"
+    )
+    assert "shipping is cheaper below 1,150 samples of this length" in decision
+    assert budget == "Budget (B, training included): $38 is below $180-900; 0.95 h is below 6-18 h."
+    warnings = " ".join(plan["warnings"])
+    assert "measured on HuggingFaceTB/SmolLM2-135M-Instruct's states, not moonshotai/Kimi-K2.5's" in warnings
+    assert "samples of 16,384 tokens: today's trainer fitted at most 4,096 tokens" in warnings
+    assert "cache.type hardlink,symlink" in warnings
 
     table = eagle3(tmp_path, "plan", *SEED).stdout
-    assert "57,344 B" in table and "2.82 TB" in table and "recommendation: B" in table and "26,8" in table
+    assert table.index("Disk: the rented machine") < table.index("Sizes")
+    assert "57,344 B" in table and "2.82 TB" in table and "* B" in table
 
 
 def test_every_formula_against_hand_computation(tmp_path):
@@ -93,89 +146,172 @@ def test_every_formula_against_hand_computation(tmp_path):
     (model / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": 10_000_000_000}, "weight_map": {}})
     )
-    plan = _plan(
-        tmp_path,
-        "--verifier",
-        str(model),
-        "--samples",
-        "100",
-        "--mean-tokens",
-        "1000",
-        "--max-tokens",
-        "2000",
-        "--compression-ratio",
-        "2",
-        "--link-gbit",
-        "8",
-        "--link-efficiency",
-        "0.5",
-        "--extract-tokens-per-s",
-        "100000",
-        "--gpus",
-        "4",
-        "--gpu-usd-per-hour",
-        "3",
-        "--epochs",
-        "2",
-        "--draft-vocab",
-        "1000",
-        "--keep-checkpoints",
-        "2",
-        "--headroom",
-        "0.25",
-        "--here-tokens-per-s",
-        "20000",
-        "--here-usd-per-hour",
-        "6",
-    )
+    flags = {
+        "--verifier": str(model),
+        "--samples": "100",
+        "--mean-tokens": "1000",
+        "--max-tokens": "2000",
+        "--compression-ratio": "2",
+        "--link-gbit": "8",
+        "--link-efficiency": "0.5",
+        "--weights-link-gbit": "16",
+        "--extract-tokens-per-s": "100000",
+        "--gpu": "h100",
+        "--gpus": "4",
+        "--gpu-usd-per-hour": "3",
+        "--epochs": "2",
+        "--draft-vocab": "1000",
+        "--keep-checkpoints": "2",
+        "--headroom": "0.25",
+        "--here-tokens-per-s": "20000",
+        "--here-usd-per-hour": "6",
+        "--train-tokens-per-s": "500",
+        "--cache-link": "copy",
+        "--disk-tb": "0.02",
+        "--here-disk-tb": "0.001",
+        "--budget-usd": "0.5",
+        "--budget-hours": "0.01-1",
+    }
+    plan = _plan(tmp_path, *(part for pair in flags.items() for part in pair))
     assert plan["inputs"]["verifier"]["hidden_size"] == 1000 and plan["verifier_weights_bytes"] == 1e10
     assert plan["tokens"] == 100_000
     assert plan["bytes_per_token"] == 8_000  # 4 x 1000 x 2
     assert plan["hidden_states"] == {"raw_bytes": 8e8, "stored_bytes": 4e8, "largest_sample_bytes": 1.6e7}
     assert plan["text_bytes"] == 4e5
+    assert plan["verifier_train_tensors_bytes"] == 2e7  # 2 x 5000 x 1000 x 2 B
     assert plan["draft_params"] == 23_000_000  # 10 x 1000^2 + 3 x 1000 x 4000 + 1000 x 1000
     assert plan["checkpoints_bytes"] == 552_000_000  # x 12 B x 2 kept
-    assert plan["rates"]["link_bytes_per_s"] == 5e8  # 8e9 x 0.5 / 8
-    assert plan["rates"]["machine_usd_per_hour"] == 12.0
+    rates = plan["rates"]
+    assert rates["link_bytes_per_s"] == 5e8 and rates["weights_link_bytes_per_s"] == 1e9  # x 0.5 / 8
+    assert rates["machine_usd_per_hour"] == 12.0 and rates["train_tokens_per_s"] == 2000  # 4 GPUs x 500
 
     a, b, c = (plan["scenarios"][k] for k in "ABC")
-    assert a["steps_s"] == {"extract_here": 5.0, "transfer_hidden_states": 0.8}  # 1e5 / 2e4; 4e8 / 5e8
-    assert a["rented_s"] == pytest.approx(0.8) and a["wall_s"] == pytest.approx(5.8)
-    assert a["cost_usd"] == pytest.approx(0.8 * 12 / 3600 + 5 * 6 / 3600)  # rented + owned extraction here
-    assert b["steps_s"]["fetch_weights_and_text"] == pytest.approx(20.0008)  # (1e10 + 4e5) / 5e8
-    assert b["rented_s"] == pytest.approx(21.0008) and b["cost_usd"] == pytest.approx(21.0008 * 12 / 3600)
-    assert c["rented_s"] == pytest.approx(22.0008)  # two epochs of the verifier forward
-    assert a["disk_bytes"] == pytest.approx((4e8 + 5.52e8) * 1.25)
-    assert b["disk_bytes"] == pytest.approx((1e10 + 4e5 + 4e8 + 5.52e8) * 1.25)
-    assert c["disk_bytes"] == pytest.approx((1e10 + 4e5 + 5.52e8) * 1.25)
-    # a = 8000 / 2 / 5e8 x 12/3600 + 6 / 3600 / 2e4; b = (4 / 5e8 + 1 / 1e5) x 12/3600; F = 1e10 / 5e8 x 12/3600.
-    per_a, per_b, fixed = 4000 / 5e8 * 12 / 3600 + 6 / 3600 / 2e4, (4 / 5e8 + 1e-5) * 12 / 3600, 20 * 12 / 3600
+    # ship 4e8 / 5e8; fetch 2e7 / 1e9; train 2 epochs x 1e5 / 2000
+    assert a["rented_steps_s"] == pytest.approx(
+        {"ship_hidden_states": 0.8, "fetch_verifier_tensors": 0.02, "train": 100}
+    )
+    assert a["here_steps_s"] == {"extract_here": 5.0}  # 1e5 / 2e4
+    assert a["rented_s"] == pytest.approx(100.82) and a["wall_s"] == pytest.approx(105.82)
+    assert a["cost_usd"] == pytest.approx(100.82 * 12 / 3600 + 5 * 6 / 3600)  # rented + extraction here
+    # weights 1e10 / 1e9; text 4e5 / 5e8; extraction 1e5 / 1e5
+    assert b["rented_steps_s"] == pytest.approx({"fetch_weights": 10, "ship_text": 8e-4, "extract": 1, "train": 100})
+    assert b["cost_usd"] == pytest.approx(111.0008 * 12 / 3600)
+    assert c["rented_s"] == pytest.approx(112.0008)  # two epochs of the verifier forward
+    # A copying DVC cache stores every tracked output twice; the verifier's weights are not tracked.
+    assert a["disk"]["there"]["bytes"] == pytest.approx((4e8 * 2 + 2e7 + 5.52e8 * 2) * 1.25)
+    assert a["disk"]["here"]["bytes"] == pytest.approx((4e8 + 4e5) * 2 * 1.25)
+    assert b["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 4e8 + 5.52e8) * 2) * 1.25)
+    assert c["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 5.52e8) * 2) * 1.25)
+    assert b["disk"]["here"]["bytes"] == c["disk"]["here"]["bytes"] == pytest.approx(4e5 * 2 * 1.25)
+    # Largest samples: (2e10 / 1.25 - fixed) / per sample, a sample being 1000 x (4000 B of states + 4 B of text) x 2.
+    assert a["disk"]["there"]["largest_samples"] == (16e9 - 2e7 - 1.104e9) // 8e6 == 1859
+    assert b["disk"]["there"]["largest_samples"] == (16e9 - 1e10 - 1.104e9) // 8.008e6 == 611
+    assert a["disk"]["here"]["largest_samples"] == 8e8 // 8.008e6 == 99
+    assert not a["disk"]["here"]["fits"] and a["problems"] == ["needs 1.0 GB here, more than its 1.0 GB"]
+    assert b["feasible"] and plan["recommendation"] == "B"
+    assert b["budget"] == {"usd": "inside", "hours": "inside"}
+    # a = 4000 / 5e8 x 12/3600 + 6 / 3600 / 2e4; b = (4 / 5e8 + 1 / 1e5) x 12/3600; F_B - F_A = (10 - 0.02) x 12/3600.
+    per_a, per_b = 4000 / 5e8 * 12 / 3600 + 6 / 3600 / 2e4, (4 / 5e8 + 1e-5) * 12 / 3600
+    fixed = (10 - 0.02) * 12 / 3600
     assert plan["break_even_a_vs_b"]["tokens"] == pytest.approx(fixed / (per_a - per_b))
     assert plan["break_even_a_vs_b"]["samples"] == pytest.approx(fixed / (per_a - per_b) / 1000)
-    assert plan["recommendation"]["scenario"] == "A"
-
-
-def test_disk_limit_and_fast_link_change_the_answer(tmp_path):
-    _metrics(tmp_path)
-    # Stored states need 2.34 TB (A) and 3.06 TB (B) with headroom; only online training fits 2 TB.
-    small_disk = _plan(tmp_path, *SEED, "--disk-tb", "2")
-    assert [k for k, s in small_disk["scenarios"].items() if s["fits_disk"]] == ["C"]
-    assert (
-        small_disk["recommendation"]["scenario"] == "C" and "do not fit 2 TB" in small_disk["recommendation"]["reason"]
+    assert plan["answer"][1].startswith("Extract on the rented machine (B)")
+    assert plan["answer"][1].startswith(
+        "Extract on the rented machine (B): 2 min rented, $0.37 (ship 400.0 MB over 4.00 Gbit/s (A) is ruled out: "
+        "needs 1.0 GB here, more than its 1.0 GB); shipping is cheaper below"
     )
+    assert plan["answer"][2] == (
+        "Budget (B, training included): $0.37 is inside the budget of $0.5; 0.031 h is inside 0.01-1 h."
+    )
+
+
+def test_disk_limits_rule_layouts_out_and_online_is_never_recommended(tmp_path):
+    _metrics(tmp_path)
+    # B needs 3.06 TB there, A 2.35 TB: on a 2.5 TB rented disk only A remains, though it costs more.
+    small = _plan(tmp_path, *SEED, "--disk-tb", "2.5")
+    assert small["recommendation"] == "A" and not small["scenarios"]["B"]["feasible"]
+    assert small["scenarios"]["B"]["problems"] == ["needs 3.06 TB there, more than its 2.50 TB"]
+    assert "extract there (B) is ruled out: needs 3.06 TB there" in small["answer"][1]
+    # (2.5e12 / 1.2 - 600e9 - checkpoints) / ((57,344 / 1.476 + 4) x 16,384) = 2,263 samples would fit B.
+    fixed = 600e9 + CHECKPOINTS
+    assert small["scenarios"]["B"]["disk"]["there"]["largest_samples"] == int(
+        (2.5e12 / 1.2 - fixed) // ((57_344 / 1.476 + 4) * 16_384)
+    )
+    # On a 1 TB rented disk only online training fits; it is not implemented, so nothing is recommended.
+    tiny = _plan(tmp_path, *SEED, "--disk-tb", "1")
+    assert tiny["scenarios"]["C"]["feasible"] and tiny["recommendation"] is None
+    assert tiny["answer"][1].startswith("Neither layout works with these inputs: A: needs 2.35 TB there")
+    assert "samples of this length fit there" in tiny["answer"][1]
     # At 400 Gbit/s shipping a token's states is cheaper than extracting it there: no break-even, A wins.
     fast = _plan(tmp_path, *SEED, "--link-gbit", "400")
-    assert fast["break_even_a_vs_b"]["tokens"] is None and fast["recommendation"]["scenario"] == "A"
+    assert fast["break_even_a_vs_b"]["tokens"] is None and fast["recommendation"] == "A"
+    assert "shipping is cheaper at any size" in fast["answer"][1]
+    # A copying cache doubles the states here: 3.82 TB + text does not fit the 3 TB volume.
+    copied = _plan(tmp_path, *SEED, "--cache-link", "copy")
+    assert copied["scenarios"]["A"]["disk"]["here"]["bytes"] == pytest.approx((STORED + TEXT) * 2 * 1.2)
+    assert not copied["scenarios"]["A"]["disk"]["here"]["fits"] and copied["recommendation"] == "B"
 
 
-def test_metrics_supply_ratio_and_speed_here(tmp_path):
+def test_gpu_presets_and_weights_that_do_not_fit_gpu_memory(tmp_path):
+    _metrics(tmp_path)
+    b300 = _plan(tmp_path, *SEED, "--gpu", "b300")
+    assert b300["rates"]["machine_usd_per_hour"] == 8 * 6.5
+    assert b300["rates"]["extract_there_tokens_per_s"] == pytest.approx(EXTRACT_B200)  # same dense bf16 FLOP/s
+    # 600 GB of weights > 8 x 80 GB x 0.9: an H100 machine cannot extract (B) but can train on shipped states (A).
+    h100 = _plan(tmp_path, *SEED, "--gpu", "h100", "--gpu-usd-per-hour", "2")
+    assert h100["scenarios"]["B"]["problems"] == [
+        "the verifier's 600 GB of weights do not fit 8 x 80 GB x 0.9 of GPU memory there"
+    ]
+    assert h100["recommendation"] == "A" and h100["rates"]["machine_usd_per_hour"] == 16
+    assert h100["rates"]["train_tokens_per_s"] == pytest.approx(8 * 7134)
+    assert any("do not fit there (8 x 80 GB x 0.9)" in w for w in h100["warnings"])
+    short = _plan(tmp_path, "--samples", "3000", "--mean-tokens", "2048", "--gpu", "h200")
+    assert not any("today's trainer" in w for w in short["warnings"])
+
+
+def test_measured_rates_only_from_the_same_verifier(tmp_path):
+    model = tmp_path / "verifier-config"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps({"_name_or_path": "org/small", "hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152})
+    )
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+    args = ("--verifier", str(model), "--samples", "10", "--mean-tokens", "100", "--active-params", "1.35e8")
     _metrics(tmp_path, ratio=1.5, tokens_per_s=2000)
+    _provenance(tmp_path, "org/small")
+    same = _plan(tmp_path, *args)
+    assert same["rates"]["extract_here_tokens_per_s"] == 2000
+    assert (
+        same["inputs"]["sources"]["extract_here"]
+        == "metrics/extract.json this_run.tokens_per_s, measured here on org/small"
+    )
+    assert same["hidden_states"]["stored_bytes"] == pytest.approx(10 * 100 * 4 * 576 * 2 / 1.5)
+    assert not any("compression ratio" in w for w in same["warnings"])
+
+    _provenance(tmp_path, "org/other")
+    other = _plan(tmp_path, *args, "--here-share", "0.5")
+    flops = 2 * 1.35e8 + 2 * 30 * 100 * 576
+    assert other["rates"]["extract_here_tokens_per_s"] == pytest.approx(8 * 836e12 * 0.3 * 0.5 / flops)
+    assert "the measured rate is org/other's" in other["inputs"]["sources"]["extract_here"]
+    assert any(
+        "compression ratio 1.5 was measured on org/other's states, not org/small's" in w for w in other["warnings"]
+    )
+    # An explicit ratio wins over the file and needs no warning.
+    explicit = _plan(tmp_path, *args, "--compression-ratio", "2")
+    assert explicit["hidden_states"]["stored_bytes"] == 10 * 100 * 4 * 576 * 2 / 2
+    assert not any("compression ratio" in w for w in explicit["warnings"])
+
+
+def test_cache_link_from_the_projects_dvc_config(tmp_path):
+    _metrics(tmp_path)
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / ".dvc" / "config").write_text("[cache]\n    type = hardlink,symlink\n")
+    (tmp_path / ".dvc" / "config.local").write_text("[cache]\n    type = copy\n")
     plan = _plan(tmp_path, *SEED)
-    assert plan["hidden_states"]["stored_bytes"] == pytest.approx(2_818_572_288_000 / 1.5)
-    assert plan["scenarios"]["A"]["steps_s"]["extract_here"] == pytest.approx(49_152_000 / 2000)
-    assert "this_run.tokens_per_s" in plan["inputs"]["sources"]["here_tokens_per_s"]
-    # An explicit ratio wins over the file.
-    assert _plan(tmp_path, *SEED, "--compression-ratio", "2")["hidden_states"]["stored_bytes"] == 2_818_572_288_000 / 2
+    assert plan["inputs"]["cache_link"] == "copy" and "DVC config" in plan["inputs"]["sources"]["cache_link"]
+    assert not any("cache.type" in w for w in plan["warnings"])
+    (tmp_path / ".dvc" / "config.local").unlink()
+    assert _plan(tmp_path, *SEED)["inputs"]["cache_link"] == "hardlink"
 
 
 @pytest.mark.parametrize(
@@ -185,8 +321,20 @@ def test_metrics_supply_ratio_and_speed_here(tmp_path):
         (("--samples", "3000", "--mean-tokens", "-5"), "--mean-tokens must be > 0, got -5"),
         ((*SEED, "--layers", "0"), "--layers must be > 0, got 0"),
         ((*SEED, "--link-gbit", "-1"), "--link-gbit must be > 0, got -1"),
+        ((*SEED, "--disk-tb", "-3"), "--disk-tb must be > 0, got -3"),
+        ((*SEED, "--here-disk-tb", "0"), "--here-disk-tb must be > 0, got 0"),
         ((*SEED, "--max-tokens", "100"), "--mean-tokens (16384) cannot exceed --max-tokens (100)"),
         ((*SEED, "--link-efficiency", "1.5"), "--link-efficiency is a fraction in (0, 1], got 1.5"),
+        ((*SEED, "--here-share", "2"), "--here-share is a fraction in (0, 1], got 2"),
+        ((*SEED, "--compression-ratio", "1"), "--compression-ratio is raw/stored and must be > 1"),
+        ((*SEED, "--gpu", "a100"), "--gpu: unknown GPU 'a100'; presets: b300, b200, h200, h100, h200-nvl"),
+        ((*SEED, "--here-gpu", "x"), "--here-gpu: unknown GPU 'x'"),
+        ((*SEED, "--cache-link", "move"), "--cache-link: unknown link type 'move'; one of hardlink"),
+        (
+            (*SEED, "--budget-usd", "900-180"),
+            "--budget-usd: expected MAX or MIN-MAX with 0 < MIN <= MAX, got '900-180'",
+        ),
+        ((*SEED, "--budget-hours", "soon"), "--budget-hours: expected MAX or MIN-MAX"),
         (
             (*SEED, "--verifier", "kimi-k9"),
             "unknown verifier 'kimi-k9': not a preset (kimi-k2.5) and no such config.json",
@@ -235,10 +383,15 @@ def test_link_measured_on_a_real_s3_server(tmp_path):
         ):
             local = setting[:1] if setting[0] == "--local" else []
             subprocess.run([DVC, "remote", "modify", *local, "s3", *setting[len(local) :]], cwd=tmp_path, check=True)
-        plan = _plan(tmp_path, *SEED, "--compression-ratio", "1.5", "--link-from-remote", "s3", "--probe-mb", "8")
-        assert plan["inputs"]["link_efficiency"] == 1.0 and plan["inputs"]["link_gbit"] > 0
-        assert plan["inputs"]["sources"]["link"] == "measured: one 8 MB upload to DVC remote 's3'"
-        assert plan["rates"]["link_bytes_per_s"] == pytest.approx(plan["inputs"]["link_gbit"] * 1e9 / 8)
+        plan = _plan(
+            tmp_path, *SEED, "--compression-ratio", "1.5", "--link-from-remote", "s3", "--probe-mb", "8", "--jobs", "4"
+        )
+        measured = plan["inputs"]["link_measurement"]
+        assert measured["jobs"] == 4 and measured["single_gbit"] > 0 and measured["parallel_gbit"] > 0
+        assert plan["inputs"]["link_efficiency"] == 1.0 and plan["inputs"]["link_gbit"] == measured["parallel_gbit"]
+        assert plan["inputs"]["sources"]["link"].startswith("measured: 8 MB to DVC remote 's3', one stream ")
+        assert ", 4 streams " in plan["inputs"]["sources"]["link"]
+        assert plan["rates"]["link_bytes_per_s"] == pytest.approx(measured["parallel_gbit"] * 1e9 / 8)
         assert server.object_count() == 0  # the probe is deleted
     finally:
         server.kill()
@@ -258,6 +411,8 @@ def test_verifier_dir_without_index_sums_its_safetensors(tmp_path):
         "--compression-ratio",
         "1.5",
         "--extract-tokens-per-s",
+        "1000",
+        "--here-tokens-per-s",
         "1000",
     )
     assert "weights size unknown (no safetensors beside its config.json): pass --weights-gb" in _error(tmp_path, *args)
