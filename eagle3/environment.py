@@ -128,7 +128,12 @@ def summary(record: dict[str, Any]) -> str:
     layout = [f"TP {parallel['tensor_parallel_size']}"] if parallel.get("tensor_parallel_size") else []
     layout += [f"{parallel['world_size']} processes"] if (parallel.get("world_size") or 1) > 1 else []
     text = ", ".join(f"{name} {packages[name]}" for name in names) + f", Python {record.get('python')}; {hardware}"
-    return text + (f"; {', '.join(layout)}" if layout else "")
+    text += f"; {', '.join(layout)}" if layout else ""
+    servers = record.get("servers") or []
+    if servers:
+        versions = sorted({str(server.get("vllm")) for server in servers})
+        text += f"; vLLM figures from {len(servers)} servers (vLLM {', '.join(versions)})"
+    return text
 
 
 class EnvironmentLog:

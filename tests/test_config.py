@@ -156,6 +156,31 @@ INVALID = [
         lambda p: _set(p, "evaluate.headline_k", 5),
         "params.yaml: evaluate: headline_k 5 must be one of num_speculative_tokens [3]",
     ),
+    (
+        lambda p: _set(p, "evaluate.methods", ["none", "ngram"]),
+        "params.yaml: evaluate: methods: must include eagle3, the draft being evaluated, got ['none', 'ngram']",
+    ),
+    (
+        lambda p: _set(p, "evaluate.backend", "servers"),
+        "params.yaml: evaluate: servers: backend servers needs servers.endpoints",
+    ),
+    (
+        lambda p: _set(
+            _set(p, "evaluate.backend", "servers"),
+            "evaluate.servers",
+            {"endpoints": [{"url": "http://127.0.0.1:8000/v1", "model": "m", "serves": "eagle3", "k": 5}]},
+        ),
+        "params.yaml: evaluate: headline_k 3 must be the k of an eagle3 endpoint, got [5]",
+    ),
+    (
+        lambda p: _set(
+            p,
+            "evaluate.servers",
+            {"endpoints": [{"url": "http://127.0.0.1:8000/v1", "model": "m", "serves": "none", "k": 3}]},
+        ),
+        "params.yaml: evaluate.servers.endpoints[0]: k: give k exactly when serves is eagle3 or ngram (serves none, "
+        "k 3)",
+    ),
 ]
 
 

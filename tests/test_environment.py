@@ -46,6 +46,9 @@ def test_summary_reads_as_a_line():
     assert summary(record) == (
         "vllm 0.32.0, torch 2.11.0, transformers 5.19.0, Python 3.11.7; 8 x NVIDIA H200 (CUDA 12.8, driver 570.1); TP 8"
     )
+    # evaluate against servers: this machine ran the offline estimate, the servers the vLLM figures.
+    served = {**record, "servers": [{"serves": "none", "vllm": "0.32.0"}, {"serves": "eagle3 k=3", "vllm": "0.33.1"}]}
+    assert summary(served).endswith("; TP 8; vLLM figures from 2 servers (vLLM 0.32.0, 0.33.1)")
 
 
 def test_log_keeps_one_file_per_environment_and_rank_and_merges_them(tmp_path):

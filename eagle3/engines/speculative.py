@@ -128,18 +128,29 @@ def _expand_per_token(values, cu_num_tokens, num_tokens: int, replace_from=0, re
     return values.repeat_interleave(counts, output_size=num_tokens)
 
 
-def _repair_token_expansion() -> bool:
-    """Install `_expand_per_token` where vLLM's own expansion loses float values (see module doc); True if it did."""
+def _repair_token_expansion(rejection_sampler, device: str) -> bool:
+    """Install `_expand_per_token` where vLLM's own expansion loses float values (see module doc); True if it did.
+    The probe runs on the engine's device: on CUDA builds the expansion is a Triton kernel that takes only device
+    tensors, and is correct there, so nothing is replaced."""
     import torch
-    from vllm.v1.sample import rejection_sampler
 
     probe = rejection_sampler.expand_batch_to_tokens(
-        torch.tensor([0.7, 0.0]), torch.tensor([2, 3], dtype=torch.int32), 3, replace_from=0, replace_to=1
+        torch.tensor([0.7, 0.0], device=device),
+        torch.tensor([2, 3], dtype=torch.int32, device=device),
+        3,
+        replace_from=0,
+        replace_to=1,
     )
-    if torch.equal(probe, torch.tensor([0.7, 0.7, 1.0])):
+    if torch.equal(probe.cpu(), torch.tensor([0.7, 0.7, 1.0])):
         return False
     rejection_sampler.expand_batch_to_tokens = _expand_per_token
     return True
+
+
+def _engine_device() -> str:
+    from vllm.platforms import current_platform
+
+    return "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
 
 
 def _child(request_path: Path, result_path: Path) -> None:
@@ -162,7 +173,9 @@ def _child(request_path: Path, result_path: Path) -> None:
             speculative_config=speculation.vllm_config() if speculation else None,
         )
     )
-    repaired = _repair_token_expansion()
+    from vllm.v1.sample import rejection_sampler
+
+    repaired = _repair_token_expansion(rejection_sampler, _engine_device())
     # Captured here, where the engine runs and its switches are set.
     environment = capture(tensor_parallel_size=engine.tensor_parallel_size)
     results = []

@@ -2,9 +2,11 @@
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from eagle3.params.base import Section
+from eagle3.params.base import Section, execution_only
+
+Method = Literal["none", "eagle3", "ngram"]
 
 
 class NgramBaseline(Section):
@@ -25,7 +27,54 @@ class EvalEngine(Section):
     enforce_eager: bool = True
 
 
+class Endpoint(Section):
+    """A running vLLM server and what it serves (eagle3/engines/served_speculation.py checks the label)."""
+
+    url: HttpUrl = Field(description="its OpenAI base URL, e.g. http://10.0.0.5:8000/v1")
+    model: str = Field(min_length=1, description="the served model name")
+    serves: Method
+    # num_speculative_tokens of its --speculative-config; none for a server without speculation.
+    k: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _k_matches_method(self) -> "Endpoint":
+        if (self.serves == "none") != (self.k is None):
+            raise ValueError(f"k: give k exactly when serves is eagle3 or ngram (serves {self.serves}, k {self.k})")
+        return self
+
+
+class Servers(Section):
+    endpoints: list[Endpoint] = Field(min_length=1)
+    concurrency: PositiveInt = execution_only(32)
+    # A reasoning model's answer can take many minutes at 16K+ tokens.
+    timeout_s: float = execution_only(3600.0, gt=0)
+    max_retries: NonNegativeInt = execution_only(3)
+    backoff_s: float = execution_only(1.0, gt=0)
+    # Name of an environment variable holding the API key; the key itself never goes in params.yaml.
+    api_key_env: str | None = execution_only(None)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _distinct(cls, endpoints: list[Endpoint]) -> list[Endpoint]:
+        labels = [(e.serves, e.k) for e in endpoints]
+        repeated = sorted({f"{m}" + (f" k={k}" if k else "") for m, k in labels if labels.count((m, k)) > 1})
+        if repeated:
+            raise ValueError(f"one endpoint per configuration, repeated: {', '.join(repeated)}")
+        return endpoints
+
+
+class OfflineEstimate(Section):
+    # Held-out tokens the estimate reads at most (whole samples, in shard order): bounds its cost at hero scale.
+    max_tokens: PositiveInt = 200_000
+    # Positions whose verifier logits exist at once: memory is chunk x vocabulary, never tokens x vocabulary.
+    chunk_tokens: PositiveInt = execution_only(1024)
+
+
 class EvaluateParams(Section):
+    # engines: a fresh in-process vLLM engine per configuration (CPU, small models); servers: running vLLM servers.
+    backend: Literal["engines", "servers"] = "engines"
+    # engines: the methods run, each at every k of num_speculative_tokens ("none" is the lossless reference).
+    methods: list[Method] = Field(["none", "eagle3", "ngram"], min_length=1)
     # Draft lengths to measure (vLLM num_speculative_tokens).
     num_speculative_tokens: list[PositiveInt] = Field([1, 3, 5], min_length=1)
     # The k whose greedy figures are the headline (metrics, model card) and at which the offline estimate runs.
@@ -38,6 +87,8 @@ class EvaluateParams(Section):
     seed: int = 0
     ngram: NgramBaseline = NgramBaseline()
     vllm: EvalEngine = EvalEngine()
+    servers: Servers | None = None
+    offline: OfflineEstimate = OfflineEstimate()
 
     @field_validator("num_speculative_tokens")
     @classmethod
@@ -46,10 +97,37 @@ class EvaluateParams(Section):
             raise ValueError(f"must be distinct, got {ks}")
         return sorted(ks)
 
+    @field_validator("methods")
+    @classmethod
+    def _methods_distinct(cls, methods: list[str]) -> list[str]:
+        if len(set(methods)) != len(methods):
+            raise ValueError(f"must be distinct, got {methods}")
+        return methods
+
     @model_validator(mode="after")
     def _headline_measured(self) -> "EvaluateParams":
+        if self.backend == "servers":
+            if self.servers is None:
+                raise ValueError("servers: backend servers needs servers.endpoints")
+            drafts = sorted(e.k for e in self.servers.endpoints if e.serves == "eagle3")
+            if self.headline_k not in drafts:
+                raise ValueError(f"headline_k {self.headline_k} must be the k of an eagle3 endpoint, got {drafts}")
+            return self
+        if "eagle3" not in self.methods:
+            raise ValueError(f"methods: must include eagle3, the draft being evaluated, got {self.methods}")
         if self.headline_k not in self.num_speculative_tokens:
             raise ValueError(
                 f"headline_k {self.headline_k} must be one of num_speculative_tokens {self.num_speculative_tokens}"
             )
         return self
+
+    def configurations(self) -> list[tuple[str, int | None]]:
+        """(method, k) of every measured configuration, the reference (none) first."""
+        if self.backend == "servers":
+            assert self.servers is not None
+            found = [(e.serves, e.k) for e in self.servers.endpoints]
+        else:
+            found = [(m, None) if m == "none" else (m, k) for m in self.methods for k in self.num_speculative_tokens]
+            found = list(dict.fromkeys(found))
+        order = {"none": 0, "eagle3": 1, "ngram": 2}
+        return sorted(found, key=lambda c: (order[c[0]], c[1] or 0))

@@ -47,13 +47,16 @@ def metadata(lineage: dict[str, Any], evaluation: dict[str, Any], title: str) ->
     metrics = [
         _metric(
             "tokens_per_step", f"tokens per verifier step (EAGLE-3, k={k}, greedy)", headline["tokens_per_step_greedy"]
-        ),
-        _metric(
-            "tokens_per_step",
-            f"tokens per verifier step (vLLM n-gram baseline, k={k}, greedy)",
-            headline["ngram_tokens_per_step_greedy"],
-        ),
+        )
     ]
+    if headline.get("ngram_tokens_per_step_greedy") is not None:
+        metrics.append(
+            _metric(
+                "tokens_per_step",
+                f"tokens per verifier step (vLLM n-gram baseline, k={k}, greedy)",
+                headline["ngram_tokens_per_step_greedy"],
+            )
+        )
     draft_run = _greedy_run(evaluation, "eagle3", k)
     if draft_run and draft_run.get("mean_acceptance_length") is not None:
         metrics.append(
@@ -168,8 +171,12 @@ def render(
         "## Evaluation",
         "",
         f"Measured inside vLLM on {draft_runs[0].get('prompts')} held-out prompts that training never saw: "
-        f"**{headline['tokens_per_step_greedy']:.2f} tokens per verifier step** at k={headline['k']}, greedy, against "
-        f"{headline['ngram_tokens_per_step_greedy']:.2f} for vLLM's n-gram speculation on the same prompts.",
+        f"**{headline['tokens_per_step_greedy']:.2f} tokens per verifier step** at k={headline['k']}, greedy, "
+        + (
+            f"against {headline['ngram_tokens_per_step_greedy']:.2f} for vLLM's n-gram speculation on the same prompts."
+            if headline.get("ngram_tokens_per_step_greedy") is not None
+            else "(vLLM's n-gram baseline was not measured)."
+        ),
         "",
         *_evaluation_table(evaluation),
         "",
@@ -181,10 +188,22 @@ def render(
     if lossless:
         identical = sum(run["lossless_identical"] for run in lossless)
         total = sum(run.get("prompts") or 0 for run in lossless)
+        agreement = evaluation.get("lossless") or {}
+        if agreement.get("exact_expected"):
+            meaning = (
+                f"In {agreement.get('dtype')} speculation must not change a single greedy token, so anything below "
+                "all of them would be a defect."
+            )
+        else:
+            meaning = (
+                f"The verifier ran in {agreement.get('dtype', 'an unrecorded dtype')}: verifying k+1 tokens at once "
+                "rounds differently from decoding one, so near-tied greedy tokens can flip; this is a measured "
+                "agreement, not an exactness check."
+            )
         body += [
             "",
             f"Greedy output with the draft was identical to greedy output without it for {identical} of {total} "
-            "completions.",
+            f"completions. {meaning}",
         ]
     body += ["", "## Training data and provenance", ""]
     body += [f"Verifier: `{verifier['name']}` ({verifier.get('license')}); " + _verifier_source(verifier), ""]

@@ -1,17 +1,24 @@
 """Stage `evaluate`: what users judge a draft by, measured inside vLLM on held-out prompts.
 
-Runs (each its own vLLM engine, eagle3/engines/speculative.py), all on the same prompts, greedy and at
-`evaluate.temperature`: the verifier alone; the exported draft (`eagle3`) for each k in
-`evaluate.num_speculative_tokens`; vLLM's `ngram` proposer for each k (the baseline to beat).
+Configurations, all on the same prompts, greedy and at `evaluate.temperature`: the verifier alone (`none`, the
+lossless reference); the exported draft (`eagle3`) and vLLM's `ngram` proposer (the baseline to beat) at each k.
+Two backends measure them alike: `engines` starts a fresh in-process vLLM engine per configuration
+(eagle3/engines/speculative.py; `evaluate.methods` x `num_speculative_tokens` choose which, so a GPU user can run
+exactly one), `servers` sends the prompts to running `vllm serve` endpoints labelled with what each serves and reads
+their Prometheus counters around its own requests (eagle3/engines/served_speculation.py).
 
 Headline: tokens per verifier step = output tokens / (output tokens - accepted tokens). A step on which a
 method proposed nothing still counts as one token, so methods that often propose nothing (ngram) are not
 flattered. vLLM's own "mean acceptance length" (1 + accepted / drafts) averages only over steps that had a
 draft; it is reported too, under that name. Acceptance per position = accepted at position i / drafts.
-Lossless: greedy completions with speculation identical to the verifier's own greedy completions.
+Lossless: greedy completions with speculation identical to the verifier's own greedy completions, as a share.
+Exactness is expected only in float32 (the CPU default); in bf16, verifying k+1 tokens at once rounds differently
+from decoding one and near-tied greedy tokens flip, so there it is a measured agreement (`lossless` in the metrics).
 Output tokens/s is wall time on this machine: on CPU, speculation is usually slower in wall time.
 
-Offline estimate: the exported draft unrolled (training-time test) over the held-out hidden states; at each
+Offline estimate (on the GPU in bf16 where there is one, over at most `evaluate.offline.max_tokens` held-out
+tokens, full-vocabulary logits `chunk_tokens` positions at a time): the exported draft unrolled (training-time
+test) over the held-out hidden states; at each
 position the accepted length is the number of leading draft steps whose top-1 equals the verifier's top-1.
 Each answer is then decoded as vLLM decodes (`_walk_answers`), giving tokens per verifier step, mean
 acceptance length and acceptance by position computed as vLLM computes them. It is written beside the vLLM
@@ -22,24 +29,27 @@ Prompts are the held-out split from prepare (first user turn); the stage refuses
 also a training prompt.
 """
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from eagle3.engines.served_speculation import Retries, Served, ServerClient, check_server_info
 from eagle3.engines.speculative import Engine, Request, Sampling, Speculation
 from eagle3.engines.speculative import run as run_engine
+from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
 from eagle3.files import atomic_path, write_json, write_text
 from eagle3.formats.exported_draft import load_exported_draft
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.prepared import read_rows
-from eagle3.formats.provenance import read_provenance, verifier_dir
+from eagle3.formats.provenance import Provenance, read_provenance, verifier_dir
 from eagle3.formats.shards import HiddenStateDataset, split_shards
 from eagle3.formats.vocab import draft_to_target
 from eagle3.params.base import StageParams
-from eagle3.params.evaluate import EvaluateParams
+from eagle3.params.evaluate import EvaluateParams, OfflineEstimate
 from eagle3.paths import DRAFT_DIR, EVAL_FIGURE, EVAL_METRICS, EVAL_PLOTS_DIR, PREPARED_DIR, prepared_split
 from eagle3.progress import step
 
@@ -104,30 +114,46 @@ def summarize(
     return summary
 
 
+def greedy_tokens(states: torch.Tensor, head: torch.Tensor, chunk: int) -> torch.Tensor:
+    """argmax(states @ head.T) per row, `chunk` rows at a time: a [tokens, vocab] logit matrix (10.7 GB in fp32
+    for one 16K-token sample against Kimi-K2.5's 163,840-token head) never exists at once."""
+    return torch.cat([(states[i : i + chunk] @ head.T).argmax(-1) for i in range(0, len(states), chunk)])
+
+
 @torch.no_grad()
-def offline_estimate(root: Path, steps: int) -> dict[str, Any]:
-    """Expected tokens per verifier step from held-out hidden states and the exported draft (see module doc)."""
+def offline_estimate(root: Path, steps: int, limits: OfflineEstimate) -> dict[str, Any]:
+    """Expected tokens per verifier step from held-out hidden states and the exported draft (see module doc), over
+    at most `limits.max_tokens` held-out tokens (whole samples), on the GPU in bf16 where there is one."""
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shards = split_shards(root, "heldout")
     draft, d2t = load_exported_draft(root / DRAFT_DIR, verifier_dir(root))
+    draft.to(device=device, dtype=dtype)
     verifier = load_verifier_tensors(verifier_dir(root))
-    embed = torch.nn.Embedding.from_pretrained(verifier["embed"].float())
-    head = verifier["lm_head"].float()
-    targets = draft_to_target(d2t)
-    per_step_correct, positions = torch.zeros(steps), 0
+    embed = torch.nn.Embedding.from_pretrained(verifier.pop("embed").to(device=device, dtype=dtype))
+    head = verifier.pop("lm_head").to(device=device, dtype=dtype)
+    targets = draft_to_target(d2t).to(device)
+    per_step_correct, positions, read = torch.zeros(steps), 0, 0
     walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0] * steps}
     for sample in HiddenStateDataset(shards):
-        ids, mask, hidden = sample["input_ids"], sample["loss_mask"], sample["hidden"].float()
+        ids, mask = sample["input_ids"], sample["loss_mask"]
         tokens = len(ids)
+        if read and read + tokens > limits.max_tokens:
+            break
+        read += tokens
         if tokens < 3:
             continue
+        hidden = sample["hidden"].to(device=device, dtype=dtype, non_blocking=True)
         aux = hidden[:-1].transpose(0, 1).reshape(1, tokens, -1)
-        verifier_top1 = (hidden[-1] @ head.T).argmax(-1)  # [T]: the verifier's greedy next token at each position
-        features = draft.unroll(ids[None], aux, embed, steps)
-        correct = torch.zeros(tokens, steps, dtype=torch.bool)
+        # The verifier's greedy next token at each position, from its final state.
+        verifier_top1 = greedy_tokens(hidden[-1], head, limits.chunk_tokens)
+        features = draft.unroll(ids[None].to(device), aux, embed, steps)
+        correct = torch.zeros(tokens, steps, dtype=torch.bool, device=device)
         for i, feature in enumerate(features):
-            guess = targets[draft.logits(feature[0]).argmax(-1)]
+            guess = targets[greedy_tokens(draft.norm(feature[0]), draft.lm_head.weight, limits.chunk_tokens)]
             valid = tokens - 1 - i
             correct[:valid, i] = guess[:valid] == verifier_top1[1 + i : 1 + i + valid]
+        correct = correct.cpu()
         # Positions whose first drafted token is an answer token.
         counted = torch.zeros(tokens, dtype=torch.bool)
         counted[: tokens - 2] = mask[2:]
@@ -136,6 +162,8 @@ def offline_estimate(root: Path, steps: int) -> dict[str, Any]:
         _walk_answers(correct.int().cumprod(-1).sum(-1).tolist(), mask.tolist(), walk)
     return {
         "k": steps,
+        "heldout_tokens_read": read,
+        "device": f"{device.type} {str(dtype).removeprefix('torch.')}",
         "positions": positions,
         "drafts": walk["drafts"],
         "tokens_per_step": round(walk["output"] / max(walk["output"] - walk["accepted"], 1), 4),
@@ -178,66 +206,41 @@ def run(params: Params, root: Path, options=None) -> None:
     if not (draft_dir / "config.json").is_file():
         raise Eagle3Error(f"{draft_dir}: no exported draft; run `dvc repro export` (or `eagle3 export`) first")
     hashes, prompts = heldout_prompts(root, config.max_prompts)
-    engine = Engine(
-        verifier=str(verifier_dir(root)),
-        max_model_len=config.vllm.max_model_len,
-        cpu_kvcache_space_gib=config.vllm.cpu_kvcache_space_gib,
-        gpu_memory_utilization=config.vllm.gpu_memory_utilization,
-        enforce_eager=config.vllm.enforce_eager,
-        tensor_parallel_size=config.vllm.tensor_parallel_size,
-        dtype=provenance.dtype if config.vllm.dtype == "auto" else config.vllm.dtype,
-        trust_remote_code=provenance.trust_remote_code,
-        seed=config.seed,
-    )
-    samplings = [
-        Sampling(0.0, config.max_tokens, config.seed),
-        Sampling(config.temperature, config.max_tokens, config.seed),
-    ]
-    plan: list[tuple[str, int | None, Speculation | None]] = [("none", None, None)]
-    for k in config.num_speculative_tokens:
-        plan.append(("eagle3", k, Speculation("eagle3", k, str(draft_dir))))
-    for k in config.num_speculative_tokens:
-        plan.append(
-            (
-                "ngram",
-                k,
-                Speculation(
-                    "ngram",
-                    k,
-                    prompt_lookup_min=config.ngram.prompt_lookup_min,
-                    prompt_lookup_max=config.ngram.prompt_lookup_max,
-                ),
-            )
-        )
+    if config.backend == "servers":
+        measurer = ServerMeasurer(config, prompts)
+    else:
+        measurer = EngineMeasurer(config, provenance, root, prompts)
     runs: list[dict[str, Any]] = []
     reference: list[list[int]] | None = None
-    repaired = False
     started = time.monotonic()
-    for number, (method, k, speculation) in enumerate(plan, start=1):
+    configurations = config.configurations()
+    for number, (method, k) in enumerate(configurations, start=1):
+        where = f" at {measurer.where(method, k)}" if config.backend == "servers" else ""
         step(
-            f"evaluate: run {number}/{len(plan)}: {method}"
+            f"evaluate: run {number}/{len(configurations)}: {method}"
             + (f" k={k}" if k else "")
-            + f" on {len(prompts)} held-out prompts"
+            + f" on {len(prompts)} held-out prompts{where}"
         )
-        greedy, sampled = run_engine(Request(engine, speculation, prompts, samplings))
-        repaired |= sampled["repaired_token_expansion"]
-        environment = sampled["environment"]
+        greedy, sampled = measurer.measure(method, k)
         if method == "none":
             reference = [c["token_ids"] for c in greedy["completions"]]
         runs.append(summarize(method, k, greedy, len(prompts), reference))
         runs.append(summarize(method, k, sampled, len(prompts), None))
     k = config.headline_k
     step(f"evaluate: offline estimate at k={k} from held-out hidden states")
-    offline = offline_estimate(root, k)
+    offline = offline_estimate(root, k, config.offline)
     draft_greedy = _pick(runs, "eagle3", k, 0.0)
+    ngram_greedy = _find(runs, "ngram", k, 0.0)
+    identical = draft_greedy["lossless_identical"]
     headline = {
         "k": k,
         "tokens_per_step_greedy": draft_greedy["tokens_per_step"],
-        "ngram_tokens_per_step_greedy": _pick(runs, "ngram", k, 0.0)["tokens_per_step"],
-        "lossless_greedy": f"{draft_greedy['lossless_identical']}/{len(prompts)}",
+        "ngram_tokens_per_step_greedy": ngram_greedy["tokens_per_step"] if ngram_greedy else None,
+        "lossless_greedy": f"{identical}/{len(prompts)}" if identical is not None else None,
     }
     metrics = {
         "headline": headline,
+        "lossless": measurer.lossless(identical, len(prompts)),
         "offline_estimate": {
             **offline,
             "vllm_tokens_per_step": headline["tokens_per_step_greedy"],
@@ -246,22 +249,137 @@ def run(params: Params, root: Path, options=None) -> None:
         "runs": runs,
         "prompts": {"split": "heldout", "count": len(prompts), "prompt_hashes": hashes},
         # True where this vLLM build needed eagle3/engines/speculative.py's fix for sampled (temperature > 0) runs.
-        "repaired_vllm_temperature_expansion": repaired,
-        # What the vLLM engines ran on (eagle3/environment.py): the figures depend on it (README "Reproducibility").
-        "environment": environment,
+        "repaired_vllm_temperature_expansion": measurer.repaired,
+        # What computed the figures (eagle3/environment.py; for servers, what each reported): README
+        # "Reproducibility".
+        "environment": measurer.environment,
         "seconds": round(time.monotonic() - started, 1),
     }
     write_json(root / EVAL_METRICS, metrics)
     _write_plots(root, runs, config)
+    ngram_words = f" vs {headline['ngram_tokens_per_step_greedy']} with ngram" if ngram_greedy else ""
     step(
-        f"evaluate: k={k} greedy: {headline['tokens_per_step_greedy']} tokens per verifier step with the draft vs "
-        f"{headline['ngram_tokens_per_step_greedy']} with ngram; lossless {headline['lossless_greedy']}; "
+        f"evaluate: k={k} greedy: {headline['tokens_per_step_greedy']} tokens per verifier step with the draft"
+        f"{ngram_words}; lossless {headline['lossless_greedy'] or 'not measured (no reference run)'}; "
         f"offline estimate {offline['tokens_per_step']}"
     )
 
 
+class EngineMeasurer:
+    """Each configuration in a fresh in-process vLLM engine (eagle3/engines/speculative.py)."""
+
+    def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path, prompts: list):
+        self.config, self.draft_dir, self.prompts = config, root / DRAFT_DIR, prompts
+        self.dtype = provenance.dtype if config.vllm.dtype == "auto" else config.vllm.dtype
+        self.engine = Engine(
+            verifier=str(verifier_dir(root)),
+            max_model_len=config.vllm.max_model_len,
+            cpu_kvcache_space_gib=config.vllm.cpu_kvcache_space_gib,
+            gpu_memory_utilization=config.vllm.gpu_memory_utilization,
+            enforce_eager=config.vllm.enforce_eager,
+            tensor_parallel_size=config.vllm.tensor_parallel_size,
+            dtype=self.dtype,
+            trust_remote_code=provenance.trust_remote_code,
+            seed=config.seed,
+        )
+        self.repaired = False
+        self.environment: dict[str, Any] | None = None
+
+    def where(self, method: str, k: int | None) -> str:
+        return "an in-process engine"
+
+    def measure(self, method: str, k: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        config = self.config
+        speculation = None
+        if method == "eagle3":
+            speculation = Speculation("eagle3", k, str(self.draft_dir))
+        elif method == "ngram":
+            speculation = Speculation(
+                "ngram",
+                k,
+                prompt_lookup_min=config.ngram.prompt_lookup_min,
+                prompt_lookup_max=config.ngram.prompt_lookup_max,
+            )
+        samplings = [
+            Sampling(0.0, config.max_tokens, config.seed),
+            Sampling(config.temperature, config.max_tokens, config.seed),
+        ]
+        greedy, sampled = run_engine(Request(self.engine, speculation, self.prompts, samplings))
+        self.repaired |= sampled["repaired_token_expansion"]
+        self.environment = sampled["environment"]
+        return greedy, sampled
+
+    def lossless(self, identical: int | None, prompts: int) -> dict[str, Any]:
+        exact = self.dtype == "float32"
+        return {
+            "identical": identical,
+            "prompts": prompts,
+            "rate": round(identical / prompts, 4) if identical is not None else None,
+            # In float32 speculation must not change a single greedy token; in bf16/fp16, verifying k+1 tokens at
+            # once rounds differently from decoding one, so near-tied tokens flip: the rate is then a measurement.
+            "exact_expected": exact,
+            "dtype": self.dtype,
+        }
+
+
+class ServerMeasurer:
+    """Each configuration on the running server labelled with it (eagle3/engines/served_speculation.py)."""
+
+    def __init__(self, config: EvaluateParams, prompts: list):
+        assert config.servers is not None
+        servers = config.servers
+        headers = {}
+        if servers.api_key_env:
+            key = os.environ.get(servers.api_key_env)
+            if not key:
+                raise Eagle3Error(
+                    f"evaluate.servers.api_key_env: environment variable {servers.api_key_env} is not set"
+                )
+            headers["Authorization"] = f"Bearer {key}"
+        retries = Retries(servers.concurrency, servers.timeout_s, servers.max_retries, servers.backoff_s)
+        self.config, self.prompts = config, prompts
+        self.clients = {}
+        reported = []
+        for endpoint in servers.endpoints:
+            served = Served(str(endpoint.url).rstrip("/"), endpoint.model, endpoint.serves, endpoint.k)
+            client = ServerClient(served, retries, headers)
+            identity = check_server_info(served, client.server_info())
+            self.clients[(endpoint.serves, endpoint.k)] = client
+            # URLs stay out of the record: it is published.
+            reported.append({"serves": served.label, "vllm": client.version(), "identity": identity})
+        self.repaired = False
+        # The servers computed the vLLM figures; this machine ran the offline estimate.
+        self.environment = {**capture(), "backend": "servers", "servers": reported}
+
+    def where(self, method: str, k: int | None) -> str:
+        return self.clients[(method, k)].served.root
+
+    def measure(self, method: str, k: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        client, config = self.clients[(method, k)], self.config
+        return tuple(
+            client.measure(self.prompts, temperature, config.max_tokens, config.seed)
+            for temperature in (0.0, config.temperature)
+        )
+
+    def lossless(self, identical: int | None, prompts: int) -> dict[str, Any]:
+        return {
+            "identical": identical,
+            "prompts": prompts,
+            "rate": round(identical / prompts, 4) if identical is not None else None,
+            # Servers batch and usually run bf16: the share is a measured agreement, not an exactness check.
+            "exact_expected": False,
+            "dtype": "as served",
+        }
+
+
 def _pick(runs: list[dict[str, Any]], method: str, k: int, temperature: float) -> dict[str, Any]:
-    return next(r for r in runs if r["method"] == method and r["k"] == k and r["temperature"] == temperature)
+    found = _find(runs, method, k, temperature)
+    assert found is not None, (method, k, temperature)
+    return found
+
+
+def _find(runs: list[dict[str, Any]], method: str, k: int, temperature: float) -> dict[str, Any] | None:
+    return next((r for r in runs if r["method"] == method and r["k"] == k and r["temperature"] == temperature), None)
 
 
 def _write_plots(root: Path, runs: list[dict[str, Any]], config: EvaluateParams) -> None:
@@ -271,15 +389,21 @@ def _write_plots(root: Path, runs: list[dict[str, Any]], config: EvaluateParams)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ks = config.num_speculative_tokens
+    ks = sorted({r["k"] for r in runs if r["method"] != "none"})
     temperatures = (0.0, config.temperature)
     out = root / EVAL_PLOTS_DIR
+
+    def figure_at(method: str, k: int, temperature: float) -> float | None:
+        found = _find(runs, method, k, temperature)
+        return found["tokens_per_step"] if found else None
+
+    # A configuration that was not measured is an empty cell (and a gap in the curve).
     lines = ["k,eagle3_greedy,ngram_greedy,eagle3_sampled,ngram_sampled"]
     for k in ks:
-        values = [_pick(runs, m, k, t)["tokens_per_step"] for t in temperatures for m in ("eagle3", "ngram")]
-        lines.append(f"{k},{values[0]},{values[1]},{values[2]},{values[3]}")
+        values = [figure_at(m, k, t) for t in temperatures for m in ("eagle3", "ngram")]
+        lines.append(",".join([str(k)] + ["" if v is None else str(v) for v in values]))
     write_text(out / "tokens_per_step.csv", "\n".join(lines) + "\n")
-    top = max(ks)
+    top = max(r["k"] for r in runs if r["method"] == "eagle3")
     greedy, sampled = _pick(runs, "eagle3", top, 0.0), _pick(runs, "eagle3", top, config.temperature)
     lines = ["position,greedy,sampled"] + [
         f"{i},{g},{s}"
@@ -293,7 +417,10 @@ def _write_plots(root: Path, runs: list[dict[str, Any]], config: EvaluateParams)
     for method, style in (("eagle3", "o-"), ("ngram", "s--")):
         for temperature in temperatures:
             label = f"{method}, {'greedy' if temperature == 0 else f'T={temperature}'}"
-            left.plot(ks, [_pick(runs, method, k, temperature)["tokens_per_step"] for k in ks], style, label=label)
+            measured = [(k, figure_at(method, k, temperature)) for k in ks]
+            measured = [(k, v) for k, v in measured if v is not None]
+            if measured:
+                left.plot(*zip(*measured, strict=True), style, label=label)
     left.set(
         xlabel="k (num_speculative_tokens)",
         ylabel="output tokens per verifier step",
