@@ -19,7 +19,6 @@ import torch
 from eagle3.config import load_params
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import read_provenance, verifier_dir
-from eagle3.formats.shards import split_shards
 from eagle3.stages.train import build
 from eagle3.stages.vocab import count_tokens, mapping, select
 from eagle3.training.data import BatchPlan, collate, sample_lengths
@@ -39,7 +38,7 @@ def main() -> None:
     config = load_params(root / "params.yaml").train
     provenance = read_provenance(root)
     draft_config, dataset, _ = build(root, config, provenance)
-    token_counts = count_tokens(split_shards(root, "train"), provenance.vocab_size)
+    token_counts = count_tokens(root, "train", provenance.vocab_size)
     verifier = load_verifier_tensors(verifier_dir(root))
     plan = list(BatchPlan(sample_lengths(dataset), config.batch_size, 1, config.seed, 0, 0, 1))[: args.steps]
     batches = [collate([dataset[i] for i in indices]) for indices in plan]

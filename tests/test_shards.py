@@ -41,6 +41,11 @@ def test_roundtrip_is_bit_exact_in_any_order(tmp_path):
         assert torch.equal(sample.hidden.view(torch.int16), hidden.view(torch.int16))
     assert [entry["loss_tokens"] for entry in reader.entries] == [int(s[2].sum()) for s in SAMPLES]
     assert not list(tmp_path.glob("*.partial"))
+    # The token sections alone (what the vocab stage reads), through the memory map.
+    for position in (3, 0, 4):
+        input_ids, loss_mask = reader.read_tokens(position)
+        assert torch.equal(input_ids, SAMPLES[position][1]) and torch.equal(loss_mask, SAMPLES[position][2])
+    reader.close()
 
 
 def test_stored_smaller_than_raw(tmp_path):
@@ -62,6 +67,11 @@ def test_flipped_byte_names_shard_and_sample(tmp_path):
     assert str(caught.value) == (
         f"{path}: sample 2 (s2): checksum mismatch: the shard is damaged; delete it and rerun `eagle3 extract`"
     )
+    # Reading only the token sections still checks the whole record: the flipped byte is in the hidden states.
+    with pytest.raises(ShardError, match=r"sample 2 \(s2\): checksum mismatch") as caught:
+        reader.read_tokens(2)
+    reader.close()  # while the error still holds a view of the mapped record
+    assert reader.handle.closed
 
 
 def test_damaged_index_is_reported(tmp_path):
@@ -125,3 +135,34 @@ def test_dataloader_workers_read_every_sample_once(tmp_path):
         assert np.array_equal(seen[sample_id]["hidden"].view(torch.int16).numpy(), hidden.view(torch.int16).numpy())
     with pytest.raises(IndexError):
         dataset[len(SAMPLES)]
+
+
+def _split(root, samples=SAMPLES):
+    """data/hidden of a project with one training shard, as the extract stage leaves it for the vocab stage."""
+    import json
+
+    _write(root / "data/hidden/train/shard-00000.e3sh", samples)
+    (root / "data/hidden/index.json").write_text(
+        json.dumps({"splits": {"train": [{"shard": "shard-00000.e3sh", "samples": len(samples)}]}})
+    )
+    return root
+
+
+def test_vocab_counts_from_token_sections_only(tmp_path):
+    from eagle3.errors import Eagle3Error
+    from eagle3.stages.vocab import count_tokens
+
+    (tmp_path / "data/hidden/train").mkdir(parents=True)
+    masked, every = count_tokens(_split(tmp_path), "train", 49152)
+    ids = torch.cat([s[1] for s in SAMPLES])
+    answers = torch.cat([s[1][s[2]] for s in SAMPLES])
+    assert torch.equal(every, torch.bincount(ids, minlength=49152))
+    assert torch.equal(masked, torch.bincount(answers, minlength=49152))
+    largest = max(int(s[1].max()) for s in SAMPLES)
+    with pytest.raises(Eagle3Error) as caught:
+        count_tokens(tmp_path, "train", largest)
+    owner = next(s[0] for s in SAMPLES if int(s[1].max()) == largest)
+    assert str(caught.value) == (
+        f"{tmp_path}/data/hidden/train/shard-00000.e3sh: sample {owner} has token id {largest} >= the verifier's "
+        f"vocab size {largest}; rerun `eagle3 extract` for this verifier"
+    )

@@ -41,7 +41,9 @@ The directory (data/hidden/)::
                                      samples, tokens, loss tokens and bytes (`write_index` / `split_shards`)
 """
 
+import contextlib
 import json
+import mmap
 import os
 import struct
 import threading
@@ -133,22 +135,39 @@ def encode_sample(
     return buffers, sum(len(memoryview(b)) for b in buffers), digest.intdigest()
 
 
-def decode_sample(record: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sections(record: bytes) -> tuple[int, int, int, list[memoryview]]:
     tokens, layers, width, *lengths, _ = _RECORD.unpack_from(record)
-    decompressor = zstandard.ZstdDecompressor()
     view, offset, sections = memoryview(record), _RECORD.size, []
     for length in lengths:
         sections.append(view[offset : offset + length])
         offset += length
-    ids, mask, high = (decompressor.decompress(section) for section in sections[:3])
-    low = sections[3]
+    return tokens, layers, width, sections
+
+
+def _decode_tokens(decompressor, tokens: int, sections: list[memoryview]) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, mask = (decompressor.decompress(section) for section in sections[:2])
+    input_ids = torch.from_numpy(np.frombuffer(ids, dtype="<i4").astype(np.int64))
+    loss_mask = torch.from_numpy(np.unpackbits(np.frombuffer(mask, dtype=np.uint8), count=tokens).astype(bool))
+    return input_ids, loss_mask
+
+
+def decode_sample(record: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tokens, layers, width, sections = _sections(record)
+    decompressor = zstandard.ZstdDecompressor()
+    input_ids, loss_mask = _decode_tokens(decompressor, tokens, sections)
+    high, low = decompressor.decompress(sections[2]), sections[3]
     pairs = np.empty((layers * tokens * width, 2), dtype=np.uint8)
     pairs[:, 1] = np.frombuffer(high, dtype=np.uint8)
     pairs[:, 0] = np.frombuffer(low, dtype=np.uint8)
     hidden = torch.from_numpy(pairs.view(np.uint16).reshape(layers, tokens, width)).view(torch.bfloat16)
-    input_ids = torch.from_numpy(np.frombuffer(ids, dtype="<i4").astype(np.int64))
-    loss_mask = torch.from_numpy(np.unpackbits(np.frombuffer(mask, dtype=np.uint8), count=tokens).astype(bool))
     return input_ids, loss_mask, hidden
+
+
+def decode_tokens(record: bytes, decompressor=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Only the input ids and the loss mask: the hidden-state planes (all but a few bytes per token) stay
+    compressed."""
+    tokens, _, _, sections = _sections(record)
+    return _decode_tokens(decompressor or zstandard.ZstdDecompressor(), tokens, sections)
 
 
 class ShardWriter:
@@ -263,6 +282,7 @@ class ShardReader:
             )
         self.entries: list[dict[str, Any]] = json.loads(index)["samples"]
         self.position = {entry["id"]: i for i, entry in enumerate(self.entries)}
+        self._mapped: memoryview | None = None
 
     def _truncated(self) -> ShardError:
         return ShardError(
@@ -273,8 +293,26 @@ class ShardReader:
         return len(self.entries)
 
     def read(self, position: int) -> Sample:
+        input_ids, loss_mask, hidden = decode_sample(self._record(position))
+        return Sample(self.entries[position]["id"], input_ids, loss_mask, hidden)
+
+    def read_tokens(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input ids, loss mask) of one sample, checksum-verified like `read`, without decoding its states. The
+        record is checked in place through a memory map: only its token sections are ever copied."""
+        if self._mapped is None:
+            self._map = mmap.mmap(self.handle.fileno(), 0, access=mmap.ACCESS_READ)
+            self._mapped = memoryview(self._map)
+            self._decompressor = zstandard.ZstdDecompressor()
         entry = self.entries[position]
-        record = os.pread(self.handle.fileno(), entry["length"], entry["offset"])
+        record = self._mapped[entry["offset"] : entry["offset"] + entry["length"]]
+        return decode_tokens(self._checked(position, record), self._decompressor)
+
+    def _record(self, position: int) -> bytes:
+        entry = self.entries[position]
+        return self._checked(position, os.pread(self.handle.fileno(), entry["length"], entry["offset"]))
+
+    def _checked(self, position: int, record):
+        entry = self.entries[position]
         where = f"{self.path}: sample {position} ({entry['id']})"
         if len(record) != entry["length"]:
             raise ShardError(
@@ -282,10 +320,16 @@ class ShardReader:
             )
         if xxhash.xxh3_64_intdigest(record) != entry["xxh3"]:
             raise ShardError(f"{where}: checksum mismatch: the shard is damaged; delete it and rerun `eagle3 extract`")
-        input_ids, loss_mask, hidden = decode_sample(record)
-        return Sample(entry["id"], input_ids, loss_mask, hidden)
+        return record
 
     def close(self) -> None:
+        if self._mapped is not None:
+            self._mapped.release()
+            self._mapped = None
+            # A record view still referenced (by the traceback of a checksum error being raised) keeps the map
+            # open; it unmaps itself when that view goes.
+            with contextlib.suppress(BufferError):
+                self._map.close()
         self.handle.close()
 
 

@@ -19,7 +19,7 @@ import torch
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.provenance import read_provenance
-from eagle3.formats.shards import ShardReader, split_shards
+from eagle3.formats.shards import ShardReader, read_index, split_shards
 from eagle3.formats.vocab import save_vocab
 from eagle3.params.base import StageParams
 from eagle3.params.vocab import VocabParams
@@ -31,25 +31,37 @@ class Params(StageParams):
     vocab: VocabParams = VocabParams()
 
 
-def count_tokens(paths: list[Path], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss-masked counts, all-token counts), each int64 [vocab_size]."""
+def count_tokens(root: Path, split: str, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss-masked counts, all-token counts) over a split's shards, each int64 [vocab_size]. Reads only each
+    record's token ids and loss mask (checksum-verified; the hidden states, all but a few bytes per token, stay
+    compressed) and keeps one shard file open at a time."""
     masked = torch.zeros(vocab_size, dtype=torch.int64)
     every = torch.zeros(vocab_size, dtype=torch.int64)
-    readers = [ShardReader(path) for path in paths]
+    paths = split_shards(root, split)
+    samples = sum(entry["samples"] for entry in read_index(root)["splits"][split])
     with progress() as bar:
-        task = bar.add_task("vocab (samples)", total=sum(len(r) for r in readers))
-        for reader in readers:
-            for position in range(len(reader)):
-                sample = reader.read(position)
-                if int(sample.input_ids.max()) >= vocab_size:
-                    raise Eagle3Error(
-                        f"{reader.path}: sample {sample.sample_id} has token id {int(sample.input_ids.max())} "
-                        f">= the verifier's vocab size {vocab_size}; rerun `eagle3 extract` for this verifier"
-                    )
-                masked += torch.bincount(sample.input_ids[sample.loss_mask], minlength=vocab_size)
-                every += torch.bincount(sample.input_ids, minlength=vocab_size)
-                bar.advance(task)
-            reader.close()
+        task = bar.add_task("vocab (samples)", total=samples)
+        for path in paths:
+            reader = ShardReader(path)
+            try:
+                # One bincount per shard: a vocabulary-sized count per sample would cost more than the decoding.
+                answers, tokens = [], []
+                for position in range(len(reader)):
+                    input_ids, loss_mask = reader.read_tokens(position)
+                    if int(input_ids.max()) >= vocab_size:
+                        raise Eagle3Error(
+                            f"{reader.path}: sample {reader.entries[position]['id']} has token id "
+                            f"{int(input_ids.max())} >= the verifier's vocab size {vocab_size}; rerun `eagle3 extract` "
+                            "for this verifier"
+                        )
+                    answers.append(input_ids[loss_mask])
+                    tokens.append(input_ids)
+                    bar.advance(task)
+                if tokens:
+                    masked += torch.bincount(torch.cat(answers), minlength=vocab_size)
+                    every += torch.bincount(torch.cat(tokens), minlength=vocab_size)
+            finally:
+                reader.close()
     return masked, every
 
 
@@ -77,7 +89,7 @@ def run(params: Params, root: Path, options=None) -> None:
         raise Eagle3Error(
             f"vocab.draft_vocab_size: {config.draft_vocab_size} exceeds the verifier's vocab size {vocab_size}"
         )
-    masked, every = count_tokens(split_shards(root, "train"), vocab_size)
+    masked, every = count_tokens(root, "train", vocab_size)
     total = int(masked.sum())
     if total == 0:
         raise Eagle3Error(f"{root / VOCAB_DIR}: the training shards hold no loss-masked tokens; check data/synthetic")
