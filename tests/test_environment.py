@@ -6,7 +6,8 @@ from importlib import metadata
 
 import torch
 
-from eagle3.environment import EnvironmentLog, capture, differences, fingerprint, read_environments, summary
+from eagle3.environment import EnvironmentLog, capture, differences, fingerprint, read_environments
+from eagle3.publish.environment_summary import summary
 
 
 def test_capture_records_versions_hardware_parallelism_and_switches(monkeypatch):

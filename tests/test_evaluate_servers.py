@@ -83,6 +83,9 @@ def test_counter_deltas_are_this_stages_and_other_traffic_is_refused():
     }
     with pytest.raises(Eagle3Error, match=r"served other traffic during the measurement \(1 requests and 7 generated"):
         counter_delta(DRAFT, before, _counters(167, 11, 60, (45, 25, 2)), requests=2, tokens=60)
+    # Behind a load balancer the counters are another server's: fewer than this stage's own requests.
+    with pytest.raises(Eagle3Error, match="counted 1 fewer requests and 30 fewer generated tokens than this stage"):
+        counter_delta(DRAFT, before, _counters(130, 9, 60, (45, 25, 2)), requests=2, tokens=60)
 
 
 def test_labels_are_checked_against_the_counters():
@@ -218,12 +221,15 @@ def test_an_unreachable_server_is_one_error():
         client.measure([[{"role": "user", "content": "a"}]], 0.0, 4, 0)
 
 
-def _serve(root: Path, port: int, log: Path, speculative: dict | None) -> subprocess.Popen:
+def _serve(root: Path, port: int, log: Path, speculative: dict | None, core: int) -> subprocess.Popen:
     """The project's verifier in float32, as the smoke evaluation runs it; dev mode on so the server reports its
-    configuration (/server_info)."""
+    configuration (/server_info). Each server's OpenMP threads on a core of their own: two servers spin-waiting
+    on the same cores starved one engine step past vLLM's 300 s RPC timeout here."""
     options = ["--dtype", "float32", "--seed", "0"]
     options += ["--speculative-config", json.dumps(speculative)] if speculative else []
-    return vllm_serve(root / "models/verifier", port, log, *options, env={"VLLM_SERVER_DEV_MODE": "1"})
+    cores = sorted(os.sched_getaffinity(0))
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cores[core % len(cores)])}
+    return vllm_serve(root / "models/verifier", port, log, *options, env=env)
 
 
 def check_servers_match_in_process(root: Path, scratch: Path) -> None:
@@ -237,8 +243,8 @@ def check_servers_match_in_process(root: Path, scratch: Path) -> None:
     ports = {"eagle3": free_port(), "none": free_port()}
     draft = {"method": "eagle3", "model": str(root / "models/draft"), "num_speculative_tokens": 3}
     processes = {
-        "eagle3": _serve(root, ports["eagle3"], scratch / "draft.log", draft),
-        "none": _serve(root, ports["none"], scratch / "plain.log", None),
+        "eagle3": _serve(root, ports["eagle3"], scratch / "draft.log", draft, core=0),
+        "none": _serve(root, ports["none"], scratch / "plain.log", None, core=1),
     }
     params_path = root / "params.yaml"
     original = params_path.read_text()
@@ -269,6 +275,8 @@ def check_servers_match_in_process(root: Path, scratch: Path) -> None:
         assert all(s["vllm"] != "unknown" for s in served["environment"]["servers"])
 
         # Another client on the draft's server while the stage measures it: refused, nothing written.
+        params["evaluate"]["servers"]["endpoints"] = params["evaluate"]["servers"]["endpoints"][1:]
+        write_params(root, params)
         (root / "metrics/eval.json").unlink()
         stop = threading.Event()
 

@@ -101,6 +101,12 @@ def counter_delta(served: Served, before: dict[str, Any], after: dict[str, Any],
             )
     extra_tokens = round(after["generation_tokens"] - before["generation_tokens"]) - tokens
     extra_requests = round(after["finished_requests"] - before["finished_requests"]) - requests
+    if extra_tokens < 0 or extra_requests < 0:
+        raise Eagle3Error(
+            f"evaluate: {served.root} ({served.label}) counted {-extra_requests} fewer requests and {-extra_tokens} "
+            "fewer generated tokens than this stage received: its /metrics does not describe the server that "
+            "answered (a load balancer in front of several?); point evaluate at each vLLM server directly"
+        )
     if extra_tokens or extra_requests:
         raise Eagle3Error(
             f"evaluate: {served.root} ({served.label}) served other traffic during the measurement ({extra_requests} "

@@ -2,9 +2,9 @@
 
 from typing import Any
 
-from eagle3.environment import summary
 from eagle3.files import dumps
 from eagle3.publish.dvc_graph import covers
+from eagle3.publish.environment_summary import summary
 
 
 def _size(size: int | None) -> str:

@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from eagle3.environment import summary
 from eagle3.params.report import ReportParams
 from eagle3.paths import DRAFT_DIR, SPECULATORS_DRAFT_DIR
 from eagle3.publish import licenses
+from eagle3.publish.environment_summary import summary
 
 TAGS = ["eagle3", "speculative-decoding", "vllm"]
 _EVAL_DATASET = {"type": "heldout", "name": "held-out prompts (data/prepared/heldout.parquet)", "split": "heldout"}
