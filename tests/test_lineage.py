@@ -587,3 +587,23 @@ def test_report_params_errors_name_the_key(tmp_path, report, message):
     params["report"] = report
     with pytest.raises(Eagle3Error, match=re.escape(message)):
         load_params(write_params(tmp_path, params))
+
+
+@pytest.mark.parametrize(
+    ("ngram", "accepted"),
+    [(1.27, True), (None, True), ("1.27", False), ("missing", False)],
+)
+def test_headline_ngram_may_be_null_but_nothing_else(tmp_path, ngram, accepted):
+    from eagle3.errors import Eagle3Error
+    from eagle3.publish.lineage import read_evaluation
+
+    headline = {"k": 3, "tokens_per_step_greedy": 1.84}
+    if ngram != "missing":
+        headline["ngram_tokens_per_step_greedy"] = ngram
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics/eval.json").write_text(json.dumps({**EVAL, "headline": headline}))
+    if accepted:
+        assert read_evaluation(tmp_path)["headline"] == headline
+    else:
+        with pytest.raises(Eagle3Error, match="headline.ngram_tokens_per_step_greedy: missing or not a number"):
+            read_evaluation(tmp_path)

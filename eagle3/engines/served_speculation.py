@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from eagle3.engines.server_access import vllm_version
 from eagle3.errors import Eagle3Error
 
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
@@ -187,11 +188,7 @@ class ServerClient:
             return None
 
     def version(self) -> str:
-        try:
-            response = httpx.get(f"{self.served.root}/version", headers=self.headers, timeout=10)
-            return str(response.json()["version"]) if response.status_code == 200 else "unknown"
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return "unknown"
+        return vllm_version(self.served.root, self.headers)
 
     def measure(self, prompts: list[list[dict[str, str]]], temperature: float, max_tokens: int, seed: int):
         """Completions and counter deltas of one batch, in the shape eagle3/engines/speculative.py returns."""

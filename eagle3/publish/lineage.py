@@ -133,10 +133,10 @@ def read_evaluation(root: Path) -> dict[str, Any]:
     if not isinstance(runs, list) or not any(isinstance(run, dict) and run.get("method") == "eagle3" for run in runs):
         raise Eagle3Error(f"{EVAL_METRICS.as_posix()}: runs: no eagle3 run to report; rerun the evaluate stage")
     headline = evaluation.get("headline")
-    # The n-gram baseline is optional: a GPU user may measure only the draft.
-    for key, optional in (("k", False), ("tokens_per_step_greedy", False), ("ngram_tokens_per_step_greedy", True)):
-        value = headline.get(key) if isinstance(headline, dict) else None
-        if not isinstance(value, (int, float)) and not (optional and isinstance(headline, dict) and key in headline):
+    # The n-gram baseline may be null (not measured: a GPU user may run only the draft), never anything else.
+    for key, nullable in (("k", False), ("tokens_per_step_greedy", False), ("ngram_tokens_per_step_greedy", True)):
+        value = headline.get(key, "missing") if isinstance(headline, dict) else "missing"
+        if not isinstance(value, (int, float)) and not (nullable and value is None):
             raise Eagle3Error(
                 f"{EVAL_METRICS.as_posix()}: headline.{key}: missing or not a number; rerun the evaluate stage"
             )

@@ -29,7 +29,6 @@ Prompts are the held-out split from prepare (first user turn); the stage refuses
 also a training prompt.
 """
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 import torch
 
 from eagle3.engines.served_speculation import Retries, Served, ServerClient, check_server_info
+from eagle3.engines.server_access import auth_headers
 from eagle3.engines.speculative import Engine, Request, Sampling, Speculation
 from eagle3.engines.speculative import run as run_engine
 from eagle3.environment import capture
@@ -215,11 +215,10 @@ def run(params: Params, root: Path, options=None) -> None:
     started = time.monotonic()
     configurations = config.configurations()
     for number, (method, k) in enumerate(configurations, start=1):
-        where = f" at {measurer.where(method, k)}" if config.backend == "servers" else ""
         step(
             f"evaluate: run {number}/{len(configurations)}: {method}"
             + (f" k={k}" if k else "")
-            + f" on {len(prompts)} held-out prompts{where}"
+            + f" on {len(prompts)} held-out prompts{measurer.where(method, k)}"
         )
         greedy, sampled = measurer.measure(method, k)
         if method == "none":
@@ -240,7 +239,16 @@ def run(params: Params, root: Path, options=None) -> None:
     }
     metrics = {
         "headline": headline,
-        "lossless": measurer.lossless(identical, len(prompts)),
+        "lossless": {
+            "identical": identical,
+            "prompts": len(prompts),
+            "rate": round(identical / len(prompts), 4) if identical is not None else None,
+            # Exact only in float32 in-process: in bf16 (and on servers, which batch and usually run bf16),
+            # verifying k+1 tokens at once rounds differently from decoding one, so near-tied tokens flip and the
+            # rate is a measured agreement.
+            "exact_expected": measurer.dtype == "float32",
+            "dtype": measurer.dtype,
+        },
         "offline_estimate": {
             **offline,
             "vllm_tokens_per_step": headline["tokens_per_step_greedy"],
@@ -286,7 +294,7 @@ class EngineMeasurer:
         self.environment: dict[str, Any] | None = None
 
     def where(self, method: str, k: int | None) -> str:
-        return "an in-process engine"
+        return ""
 
     def measure(self, method: str, k: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
         config = self.config
@@ -309,18 +317,6 @@ class EngineMeasurer:
         self.environment = sampled["environment"]
         return greedy, sampled
 
-    def lossless(self, identical: int | None, prompts: int) -> dict[str, Any]:
-        exact = self.dtype == "float32"
-        return {
-            "identical": identical,
-            "prompts": prompts,
-            "rate": round(identical / prompts, 4) if identical is not None else None,
-            # In float32 speculation must not change a single greedy token; in bf16/fp16, verifying k+1 tokens at
-            # once rounds differently from decoding one, so near-tied tokens flip: the rate is then a measurement.
-            "exact_expected": exact,
-            "dtype": self.dtype,
-        }
-
 
 class ServerMeasurer:
     """Each configuration on the running server labelled with it (eagle3/engines/served_speculation.py)."""
@@ -328,16 +324,11 @@ class ServerMeasurer:
     def __init__(self, config: EvaluateParams, prompts: list):
         assert config.servers is not None
         servers = config.servers
-        headers = {}
-        if servers.api_key_env:
-            key = os.environ.get(servers.api_key_env)
-            if not key:
-                raise Eagle3Error(
-                    f"evaluate.servers.api_key_env: environment variable {servers.api_key_env} is not set"
-                )
-            headers["Authorization"] = f"Bearer {key}"
+        headers = auth_headers(servers.api_key_env, "evaluate.servers.api_key_env")
         retries = Retries(servers.concurrency, servers.timeout_s, servers.max_retries, servers.backoff_s)
         self.config, self.prompts = config, prompts
+        # What each server runs is its own: no float32 exactness to expect.
+        self.dtype = "as served"
         self.clients = {}
         reported = []
         for endpoint in servers.endpoints:
@@ -352,7 +343,7 @@ class ServerMeasurer:
         self.environment = {**capture(), "backend": "servers", "servers": reported}
 
     def where(self, method: str, k: int | None) -> str:
-        return self.clients[(method, k)].served.root
+        return f" at {self.clients[(method, k)].served.root}"
 
     def measure(self, method: str, k: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
         client, config = self.clients[(method, k)], self.config
@@ -360,16 +351,6 @@ class ServerMeasurer:
             client.measure(self.prompts, temperature, config.max_tokens, config.seed)
             for temperature in (0.0, config.temperature)
         )
-
-    def lossless(self, identical: int | None, prompts: int) -> dict[str, Any]:
-        return {
-            "identical": identical,
-            "prompts": prompts,
-            "rate": round(identical / prompts, 4) if identical is not None else None,
-            # Servers batch and usually run bf16: the share is a measured agreement, not an exactness check.
-            "exact_expected": False,
-            "dtype": "as served",
-        }
 
 
 def _pick(runs: list[dict[str, Any]], method: str, k: int, temperature: float) -> dict[str, Any]:

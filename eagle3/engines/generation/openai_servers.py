@@ -9,7 +9,6 @@ the prompt exceeds the context is a skip, not a failure.
 
 import asyncio
 import itertools
-import os
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -18,6 +17,7 @@ import httpx
 
 from eagle3.chat.reasoning import template_messages
 from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult
+from eagle3.engines.server_access import auth_headers, vllm_version
 from eagle3.errors import Eagle3Error
 from eagle3.params.generate import GenerateParams
 
@@ -29,14 +29,7 @@ class OpenAIBackend:
         self.config = config
         self.servers = [str(url).rstrip("/") for url in config.openai.base_urls]
         self._rotation = itertools.cycle(range(len(self.servers)))
-        self.headers = {}
-        if config.openai.api_key_env:
-            key = os.environ.get(config.openai.api_key_env)
-            if not key:
-                raise Eagle3Error(
-                    f"generate.openai.api_key_env: environment variable {config.openai.api_key_env} is not set"
-                )
-            self.headers["Authorization"] = f"Bearer {key}"
+        self.headers = auth_headers(config.openai.api_key_env, "generate.openai.api_key_env")
 
     def process(self, chunks: Iterable[Chunk], on_done: Callable[[Chunk], None]) -> None:
         asyncio.run(self._process(iter(chunks), on_done))
@@ -44,14 +37,8 @@ class OpenAIBackend:
     def environment(self) -> dict[str, Any]:
         """The servers compute the answers: their vLLM versions (GET /version, where a server has it); URLs stay out
         of the record, it is published."""
-        versions = set()
-        for url in self.servers:
-            try:
-                response = httpx.get(f"{url.removesuffix('/v1')}/version", headers=self.headers, timeout=5.0)
-                versions.add(str(response.json()["version"]) if response.status_code == 200 else "unknown")
-            except (httpx.HTTPError, ValueError, KeyError, TypeError):
-                versions.add("unknown")
-        return {"backend": "openai", "servers": {"count": len(self.servers), "vllm_versions": sorted(versions)}}
+        versions = sorted({vllm_version(url.removesuffix("/v1"), self.headers) for url in self.servers})
+        return {"backend": "openai", "servers": {"count": len(self.servers), "vllm_versions": versions}}
 
     def close(self) -> None:
         pass

@@ -1,0 +1,28 @@
+"""What every client of an OpenAI-compatible vLLM server needs, whichever stage it serves (generate's answers,
+evaluate's measurements): the API key header, and the server's vLLM version for the environment record."""
+
+import os
+
+import httpx
+
+from eagle3.errors import Eagle3Error
+
+
+def auth_headers(api_key_env: str | None, setting: str) -> dict[str, str]:
+    """The bearer header from the environment variable `api_key_env` names (the key never goes in params.yaml);
+    `setting` is the params key that names it, for the error."""
+    if not api_key_env:
+        return {}
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise Eagle3Error(f"{setting}: environment variable {api_key_env} is not set")
+    return {"Authorization": f"Bearer {key}"}
+
+
+def vllm_version(root: str, headers: dict[str, str]) -> str:
+    """GET {root}/version of a vLLM server; "unknown" where it does not answer (a proxy, another server)."""
+    try:
+        response = httpx.get(f"{root}/version", headers=headers, timeout=10)
+        return str(response.json()["version"]) if response.status_code == 200 else "unknown"
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return "unknown"
