@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config
+from eagle3.modeling.attention import ttt_attention
 
 # Config keys copied verbatim from the verifier so rope (incl. scaling such as YaRN) is computed identically.
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
@@ -135,33 +135,21 @@ class TTTAttention(nn.Module):
         self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+        # Swappable so benchmarks/train_gpu.py can time the quadratic reference in the same model.
+        self.attend = ttt_attention
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> torch.Tensor:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         batch, tokens, _ = x.shape
         q = self.q_proj(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        groups = self.heads // self.kv_heads
-        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-        if not cache:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            scale = 1.0 / math.sqrt(self.head_dim)
-            k0, v0 = cache[0]
-            causal = torch.matmul(q, k0.transpose(-1, -2)).float() * scale
-            future = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).triu(1)
-            causal = causal.masked_fill(future, float("-inf"))
-            own = [(q * kj).sum(-1).float() * scale for kj, _ in cache[1:]] + [(q * k).sum(-1).float() * scale]
-            weights = torch.cat([causal, torch.stack(own, dim=-1)], dim=-1).softmax(-1).to(q.dtype)
-            out = torch.matmul(weights[..., :tokens], v0)
-            for j, vj in enumerate([vj for _, vj in cache[1:]] + [v]):
-                out = out + weights[..., tokens + j, None] * vj
         cache.append((k, v))
+        out = self.attend(q, cache, 1.0 / math.sqrt(self.head_dim))
         return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, -1))
 
 
