@@ -29,6 +29,8 @@ def execute(stage: ModuleType, command: str, params_path: Path, options: argpars
     """Run `stage` with the params at `params_path`; the exit code (0, or what the error says)."""
     try:
         params = load_stage_params(stage, params_path)
+        options = options if options is not None else argparse.Namespace()
+        options.params_file = params_path.resolve()  # a stage that starts processes passes it on
         stage.run(params, params_path.resolve().parent, options)
     except Eagle3Error as exc:
         print(f"eagle3 {command}: error: {exc}", file=sys.stderr)

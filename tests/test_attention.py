@@ -1,12 +1,10 @@
 """The linear-memory training-time-test attention against the quadratic reference it replaced."""
 
 import math
-import weakref
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from memory import PeakBytes
 
 from eagle3.modeling.attention import CausalAttentionWithLse, ttt_attention
 from eagle3.modeling.reference_attention import reference_ttt_attention
@@ -68,32 +66,6 @@ def test_bf16_stays_close_to_fp32():
     low = ttt_attention(q.bfloat16(), [(k.bfloat16(), v.bfloat16()) for k, v in cache], 0.25)
     assert low.dtype == torch.bfloat16
     assert (low.float() - exact).abs().max() < 0.05
-
-
-class PeakBytes(TorchDispatchMode):
-    """Peak bytes of tensor storage allocated by the ops run under it (inputs made before it excluded); a storage
-    counts until the last reference to it, the autograd graph's included, is gone."""
-
-    def __init__(self):
-        super().__init__()
-        self.live, self.peak, self.storages = 0, 0, set()
-
-    def _free(self, pointer: int, size: int) -> None:
-        self.storages.discard(pointer)
-        self.live -= size
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                storage = tensor.untyped_storage()
-                pointer, size = storage.data_ptr(), storage.nbytes()
-                if size and pointer not in self.storages:
-                    self.storages.add(pointer)
-                    self.live += size
-                    self.peak = max(self.peak, self.live)
-                    weakref.finalize(storage, self._free, pointer, size)
-        return out
 
 
 def step_peak_bytes(attend, tokens: int) -> int:

@@ -63,13 +63,16 @@ def read_state(path: Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """Weights into `draft` and AdamW state into `optimizer`, on the device the draft is on now."""
     draft.load_state_dict(load_file(str(path / MODEL)))
     if optimizer is not None:
         tensors = load_file(str(path / OPTIMIZER))
         params = dict(draft.named_parameters())
         for key, value in tensors.items():
             name, field = key.split("::")
-            optimizer.state[params[name]][field] = value.reshape(()) if field == "step" else value
+            # On the parameter's device: fused AdamW refuses state on another device than its parameter.
+            param = params[name]
+            optimizer.state[param][field] = (value.reshape(()) if field == "step" else value).to(param.device)
     return read_state(path)
 
 

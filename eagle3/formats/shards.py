@@ -47,7 +47,7 @@ import mmap
 import os
 import struct
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -349,21 +349,27 @@ def check_meta(path: Path, meta: ShardMeta, expected: dict[str, Any]) -> None:
 
 class HiddenStateDataset(torch.utils.data.Dataset):
     """Every sample of a list of shards, by global position. Files are opened lazily in each DataLoader worker,
-    so workers decompress in parallel without sharing file handles."""
+    so workers decompress in parallel without sharing file handles, and a process opens only the shards its
+    samples are in, at most OPEN_SHARDS at a time (a hero run has thousands of shards; the usual limit on open
+    files is 1,024 per process)."""
+
+    OPEN_SHARDS = 32
 
     def __init__(self, paths: list[Path], expected: dict[str, Any] | None = None):
         self.paths = [Path(p) for p in paths]
         self.offsets: list[int] = []
-        total = 0
+        lengths: list[int] = []
         for path in self.paths:
             reader = ShardReader(path)
             if expected:
                 check_meta(path, reader.meta, expected)
-            self.offsets.append(total)
-            total += len(reader)
+            self.offsets.append(len(lengths))
+            lengths += [entry["tokens"] for entry in reader.entries]
             reader.close()
-        self.total = total
-        self._readers: dict[int, ShardReader] = {}
+        self.total = len(lengths)
+        # Tokens per sample, by global position: what batching by length and by token budget needs.
+        self.lengths = torch.tensor(lengths, dtype=torch.int64)
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._pid = os.getpid()
 
     def __len__(self) -> int:
@@ -371,8 +377,12 @@ class HiddenStateDataset(torch.utils.data.Dataset):
 
     def _reader(self, shard: int) -> ShardReader:
         if self._pid != os.getpid():  # a forked worker must not reuse the parent's file handles
-            self._readers, self._pid = {}, os.getpid()
-        if shard not in self._readers:
+            self._readers, self._pid = OrderedDict(), os.getpid()
+        if shard in self._readers:
+            self._readers.move_to_end(shard)
+        else:
+            if len(self._readers) >= self.OPEN_SHARDS:
+                self._readers.popitem(last=False)[1].close()
             self._readers[shard] = ShardReader(self.paths[shard])
         return self._readers[shard]
 

@@ -7,6 +7,25 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from eagle3.params.base import Section, execution_only
 
 
+class LaunchParams(Section):
+    """How many training processes, on how many machines (eagle3/training/launch.py). Any choice trains the same
+    model at the same batch_size, so none of this is part of the run key."""
+
+    # Processes on each machine, one per GPU; auto: the number of GPUs here (1 without any).
+    processes_per_node: PositiveInt | Literal["auto"] = "auto"
+    # Machines in the run. Above 1, each runs the train stage with the same params and they meet at
+    # `rendezvous`; checkpoints/ must then be one shared directory (rank 0 writes it, every rank resumes from it).
+    nodes: PositiveInt = 1
+    # host:port of torchrun's c10d rendezvous, on any one of the machines (needed when nodes > 1).
+    rendezvous: str | None = None
+
+    @model_validator(mode="after")
+    def _rendezvous_when_several_nodes(self) -> "LaunchParams":
+        if self.nodes > 1 and not self.rendezvous:
+            raise ValueError(f"rendezvous: nodes is {self.nodes}; give the host:port the machines meet at")
+        return self
+
+
 class TrainParams(Section):
     # Training-time test: the draft is unrolled on its own outputs this many steps, as vLLM runs it (SpecForge: 7).
     ttt_steps: PositiveInt = 7
@@ -28,8 +47,10 @@ class TrainParams(Section):
     checkpoint_every: PositiveInt = execution_only(100)
     keep_checkpoints: PositiveInt = execution_only(2)
     log_every: PositiveInt = execution_only(10)
-    # DataLoader processes decompressing shards (0: in the training process).
-    num_workers: NonNegativeInt = execution_only(1)
+    # DataLoader processes decompressing shards per training process (0: in the training process itself);
+    # auto: 2 per GPU process, 1 on CPU (eagle3/stages/train.py `data_workers` says why).
+    num_workers: NonNegativeInt | Literal["auto"] = execution_only("auto")
+    launch: LaunchParams = execution_only(LaunchParams())
     seed: int = 0
     # Also put the execution environment (package versions, accelerator, CPU, parallelism: eagle3/environment.py)
     # into the run key, so finished work made elsewhere is redone rather than mixed. Off: it is recorded only.

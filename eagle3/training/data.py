@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from eagle3.formats.shards import HiddenStateDataset, ShardReader
+from eagle3.formats.shards import HiddenStateDataset
 
 # Samples used to measure the per-channel scale of fc's input (their first token, an attention sink, excluded).
 SCALE_SAMPLES = 64
@@ -66,15 +66,6 @@ class BatchPlan(torch.utils.data.Sampler):
             batches = self.epoch(epoch)
             for position in range(max(self.start - epoch * self.per_epoch, 0), self.per_epoch):
                 yield batches[position][self.rank :: self.world].tolist()
-
-
-def sample_lengths(dataset: HiddenStateDataset) -> torch.Tensor:
-    lengths = []
-    for path in dataset.paths:
-        reader = ShardReader(path)
-        lengths += [entry["tokens"] for entry in reader.entries]
-        reader.close()
-    return torch.tensor(lengths)
 
 
 def measure_aux_scale(dataset: HiddenStateDataset, layers: int) -> torch.Tensor:

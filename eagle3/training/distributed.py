@@ -17,6 +17,8 @@ class Dist:
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
+    # Processes on this machine (torchrun's LOCAL_WORLD_SIZE): they share its cores and GPUs.
+    local_world: int = 1
 
     @property
     def main(self) -> bool:
@@ -41,12 +43,13 @@ def setup_distributed() -> Dist:
     if world == 1:
         return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl")
-        return Dist(rank, world, torch.device("cuda", local))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        return Dist(rank, world, torch.device("cuda", local), local_world)
     dist.init_process_group("gloo")
-    return Dist(rank, world, torch.device("cpu"))
+    return Dist(rank, world, torch.device("cpu"), local_world)
 
 
 class Quiet:

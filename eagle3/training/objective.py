@@ -13,13 +13,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eagle3.formats.vocab import draft_to_target
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.params.train import TrainParams
 from eagle3.training.distributed import Dist
+from eagle3.training.soft_cross_entropy import soft_cross_entropy
 
 
 class Objective(nn.Module):
@@ -71,13 +71,19 @@ class Objective(nn.Module):
         loss = torch.zeros((), device=probs.device)
         sums, correct = [], []
         tokens = probs.shape[1]
+        flat_probs, flat_top1 = probs.view(-1, probs.shape[-1]), top1.view(-1)
         for i, (step_features, mask) in enumerate(zip(features, masks, strict=True)):
             # Only positions that count go through norm + lm_head: the vocabulary projection is the costliest part.
-            where = mask[:, : tokens - 1 - i]
-            logits = self.draft.logits(step_features[mask]).float()
-            step_sum = F.cross_entropy(logits, probs[:, 1 + i :][where], reduction="sum")
+            sequence, position = mask.nonzero(as_tuple=True)
+            step_sum, step_correct = soft_cross_entropy(
+                self.draft.norm(step_features[mask]),
+                self.draft.lm_head.weight,
+                flat_probs,
+                sequence * tokens + position + 1 + i,
+                flat_top1,
+            )
             sums.append(step_sum.detach())
-            correct.append((logits.argmax(-1) == top1[:, 1 + i :][where]).sum())
+            correct.append(step_correct)
             loss = loss + self.weights[i] * step_sum / global_counts[i].clamp(min=1)
         # DDP averages gradients over processes; the global normalisation above wants their sum.
         return loss * world, torch.stack(sums), torch.stack(correct)
