@@ -17,7 +17,7 @@ from eagle3.config import load_params
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import read_provenance, verifier_dir
 from eagle3.stages.train import build
-from eagle3.training.data import BatchPlan, collate, measure_aux_scale
+from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
 from eagle3.training.objective import init_draft, make_objective, make_optimizer
 
 from training_loop import timed_steps
@@ -34,11 +34,12 @@ def main() -> None:
     config = load_params(root / "params.yaml").train
     provenance = read_provenance(root)
     draft_config, dataset, vocab = build(root, config, provenance)
+    collate = Collate.for_draft(draft_config)
     verifier = load_verifier_tensors(verifier_dir(root))
     initial = init_draft(draft_config, verifier, vocab["d2t"], config.seed)
     initial.aux_scale.copy_(measure_aux_scale(dataset, len(draft_config.aux_layer_ids)))
     lengths = dataset.lengths
-    plan = list(BatchPlan(lengths, config.batch_size, config.epochs, config.seed, 0, 0, 1))[: args.steps]
+    plan = list(BatchPlan(lengths, config.batch_size, config.epochs, config.seed))[: args.steps]
 
     def steps(batches) -> tuple[float, int]:
         draft = copy.deepcopy(initial)

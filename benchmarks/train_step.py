@@ -21,7 +21,7 @@ from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import read_provenance, verifier_dir
 from eagle3.stages.train import build
 from eagle3.stages.vocab import count_tokens, mapping, select
-from eagle3.training.data import BatchPlan, collate
+from eagle3.training.data import BatchPlan, Collate
 from eagle3.training.objective import init_draft, make_objective, make_optimizer
 
 from training_loop import timed_steps
@@ -38,9 +38,10 @@ def main() -> None:
     config = load_params(root / "params.yaml").train
     provenance = read_provenance(root)
     draft_config, dataset, _ = build(root, config, provenance)
+    collate = Collate.for_draft(draft_config)
     token_counts = count_tokens(root, "train", provenance.vocab_size)
     verifier = load_verifier_tensors(verifier_dir(root))
-    plan = list(BatchPlan(dataset.lengths, config.batch_size, 1, config.seed, 0, 0, 1))[: args.steps]
+    plan = list(BatchPlan(dataset.lengths, config.batch_size, 1, config.seed))[: args.steps]
     batches = [collate([dataset[i] for i in indices]) for indices in plan]
     tokens = sum(batch["input_ids"].numel() for batch in batches)
 

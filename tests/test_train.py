@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from eagle3.engines.speculative import Engine, Request, Sampling, Speculation, run
 from eagle3.formats.exported_draft import write_drafts
 from eagle3.formats.provenance import read_provenance
-from eagle3.formats.shards import ShardReader, split_shards
+from eagle3.formats.shards import HiddenStateDataset, ShardReader, split_shards
 from eagle3.formats.synthetic import iter_records
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 
@@ -93,7 +93,9 @@ def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
 
 
 def test_two_processes_launched_from_params_match_one(extracted_real, tmp_path):
-    settings = {"epochs": 2, "precision": "fp32", "log_every": 1, "num_workers": 0}
+    # A token budget the longest samples fill alone: those steps leave the second process an empty share.
+    longest = int(HiddenStateDataset(split_shards(extracted_real, "train")).lengths.max())
+    settings = {"epochs": 2, "precision": "fp32", "log_every": 1, "num_workers": 0, "max_tokens_per_batch": longest}
     single = copy_project(extracted_real, tmp_path / "single", draft_params(**settings))
     eagle3(single, "train")
     launched = {**settings, "launch": {"processes_per_node": 2}}

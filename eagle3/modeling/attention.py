@@ -27,6 +27,11 @@ def ttt_attention(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]
     """q [B, H, T, D] (rope applied); cache: per step so far, this one last, its keys and values [B, Hkv, T, D]
     (not repeated to H heads: query head h reads key head h // (H / Hkv), as transformers' repeat_kv)."""
     k0, v0 = cache[0]
+    if q.numel() == 0:
+        # An empty share of a batch (token-budget batching, more processes than sequences): the kernels divide by
+        # the length. Every key and value stays in the graph so each parameter gets its (zero) gradient, as DDP
+        # requires of every process.
+        return q + sum(k.sum() + v.sum() for k, v in cache)
     if len(cache) == 1:
         return F.scaled_dot_product_attention(q, k0, v0, is_causal=True, scale=scale, enable_gqa=True)
     causal, lse = CausalAttentionWithLse.apply(q, k0, v0, scale)

@@ -150,7 +150,7 @@ class TTTAttention(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         cache.append((k, v))
         out = self.attend(q, cache, 1.0 / math.sqrt(self.head_dim))
-        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, self.heads * self.head_dim))
 
 
 class MidLayer(nn.Module):

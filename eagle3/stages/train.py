@@ -37,7 +37,7 @@ from eagle3.params.train import TrainParams
 from eagle3.paths import CHECKPOINT_DIR, HIDDEN_INDEX, VOCAB_FILE
 from eagle3.progress import progress, step
 from eagle3.resume import resume_or_reset, run_key
-from eagle3.training.data import BatchPlan, collate, measure_aux_scale
+from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
 from eagle3.training.distributed import Dist, Quiet, setup_distributed
 from eagle3.training.launch import launch, launcher_command
 from eagle3.training.log import Window, open_log
@@ -95,12 +95,13 @@ def build(root: Path, config: TrainParams, provenance: Provenance) -> tuple[Draf
 def _train(config: TrainParams, root: Path, world: Dist) -> None:
     provenance = read_provenance(root)
     draft_config, dataset, vocab = build(root, config, provenance)
-    if config.batch_size % world.world:
-        raise Eagle3Error(
-            f"train.batch_size: {config.batch_size} must be a multiple of the number of processes ({world.world})"
-        )
-    if len(dataset) < config.batch_size:
-        raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {len(dataset)} training sequences")
+    if config.max_tokens_per_batch is None:
+        if config.batch_size % world.world:
+            raise Eagle3Error(
+                f"train.batch_size: {config.batch_size} must be a multiple of the number of processes ({world.world})"
+            )
+        if len(dataset) < config.batch_size:
+            raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {len(dataset)} training sequences")
     out = root / CHECKPOINT_DIR
     settings = run_settings(root, config, draft_config, provenance)
     environment = capture(world_size=world.world)
@@ -112,8 +113,16 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
 
     verifier = load_verifier_tensors(verifier_dir(root))
     draft = init_draft(draft_config, verifier, vocab["d2t"], config.seed)
-    steps_per_epoch = len(dataset) // config.batch_size
-    total = steps_per_epoch * config.epochs
+    plan = BatchPlan(
+        dataset.lengths,
+        config.batch_size,
+        config.epochs,
+        config.seed,
+        world.rank,
+        world.world,
+        config.max_tokens_per_batch,
+    )
+    total = plan.total
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None and read_state(checkpoint)["step"] >= total:
         if world.main:
@@ -129,6 +138,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
             step(f"train: resuming from {checkpoint.name} ({start} of {total} steps done)")
     else:
         draft.aux_scale.copy_(measure_aux_scale(dataset, len(draft_config.aux_layer_ids)))
+    plan.start = start
 
     model: nn.Module = objective
     if world.world > 1:
@@ -139,10 +149,8 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
     workers = data_workers(config, world)
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_sampler=BatchPlan(
-            dataset.lengths, config.batch_size, config.epochs, config.seed, start, world.rank, world.world
-        ),
-        collate_fn=collate,
+        batch_sampler=plan,
+        collate_fn=Collate.for_draft(draft_config),
         num_workers=workers,
         prefetch_factor=4 if workers else None,
         # Page-locked batches let the copy to the GPU run asynchronously, overlapping the previous step.
