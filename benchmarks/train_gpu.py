@@ -1,12 +1,13 @@
 """One training step at the hero run's shape: step time, tokens/s and peak memory, linear-memory attention beside
-the quadratic reference it replaced (eagle3/modeling/reference_attention.py), where that still fits.
+the quadratic reference it replaced (eagle3/modeling/reference_attention.py), where that still fits, and with
+activation checkpointing per TTT step (`train.activation_checkpointing`).
 
 The draft is shaped as the train stage shapes it (DraftConfig.from_verifier) from a verifier config: a model
 directory's config.json (`--verifier DIR`), or a built-in shape that needs no weights (`--shape kimi-k2.5`, the
 default, or `--shape tiny` for a CPU smoke run). Weights, hidden states and token ids are random: the cost of a
 step does not depend on their values. Each arm runs the real step (eagle3/training/objective.py: train_step,
 fused AdamW, bf16 autocast) on batch 1, one warm-up step then the median of `--steps` timed ones; arms alternate
-in one process and the ratios printed are reference / linear.
+in one process and the ratios printed are each arm / linear.
 
     python benchmarks/train_gpu.py --tokens 2048 8192 16384 --ttt-steps 7          # an H200
     python benchmarks/train_gpu.py --shape tiny --tokens 256 1024 --ttt-steps 3     # any CPU
@@ -65,7 +66,12 @@ SHAPES = {
         "rope_theta": 10000.0,
     },
 }
-ARMS = {"linear": ttt_attention, "reference": reference_ttt_attention}
+# Arm: (attention, activation checkpointing per TTT step).
+ARMS = {
+    "linear": (ttt_attention, False),
+    "recompute": (ttt_attention, True),
+    "reference": (reference_ttt_attention, False),
+}
 
 
 def verifier_config(args: argparse.Namespace) -> dict:
@@ -83,9 +89,9 @@ def measure(arm: str, config: DraftConfig, tokens: int, ttt_steps: int, device: 
     torch.manual_seed(0)
     draft = Eagle3Draft(config)
     draft.init_weights(torch.Generator().manual_seed(0))
-    draft.midlayer.self_attn.attend = ARMS[arm]
+    draft.midlayer.self_attn.attend, recompute = ARMS[arm]
     hidden, layers = config.hidden_size, len(config.aux_layer_ids)
-    train = TrainParams(ttt_steps=ttt_steps)
+    train = TrainParams(ttt_steps=ttt_steps, activation_checkpointing=recompute)
     objective = Objective(
         draft,
         torch.randn(config.vocab_size, hidden, dtype=torch.bfloat16) * 0.02,
@@ -93,6 +99,7 @@ def measure(arm: str, config: DraftConfig, tokens: int, ttt_steps: int, device: 
         torch.ones(config.vocab_size, dtype=torch.bool),  # every position counts: the costliest case
         ttt_steps,
         train.step_weight,
+        recompute,
     ).to(device)
     optimizer = make_optimizer(draft, train)
     generator = torch.Generator().manual_seed(1)
@@ -129,7 +136,7 @@ def main() -> None:
     parser.add_argument("--ttt-steps", type=int, nargs="+", default=[7])
     parser.add_argument("--draft-vocab", type=int, help="draft vocabulary (default: 32,000; 256 for the tiny shape)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per arm (median), after one warm-up")
-    parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["linear", "reference"])
+    parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["linear", "recompute", "reference"])
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     verifier = verifier_config(args)
@@ -152,10 +159,12 @@ def main() -> None:
                 seconds, peak = result
                 memory = f"{peak / 2**30:.1f}" if peak is not None else "n/a"
                 print(f"{tokens:>7} {ttt_steps:>4} {arm:>10} {seconds:>8.3f} {tokens / seconds:>9.0f} {memory:>9}")
-            if all(measured.get(arm) for arm in ("linear", "reference")):
-                (fast, fast_peak), (slow, slow_peak) = measured["linear"], measured["reference"]
-                memory_ratio = f", memory x{slow_peak / fast_peak:.2f}" if fast_peak else ""
-                print(f"{'':>7} {'':>4} {'ratio':>10} reference/linear: time x{slow / fast:.2f}{memory_ratio}")
+            base = measured.get("linear")
+            for arm, result in measured.items():
+                if arm == "linear" or base is None or result is None:
+                    continue
+                memory = f", memory x{result[1] / base[1]:.2f}" if base[1] else ""
+                print(f"{'':>7} {'':>4} {'ratio':>10} {arm}/linear: time x{result[0] / base[0]:.2f}{memory}")
 
 
 if __name__ == "__main__":

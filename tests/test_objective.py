@@ -62,3 +62,42 @@ def test_memory_holds_one_chunk_of_logits_not_all(monkeypatch):
     all_logits = rows * vocab * 4
     assert plain.peak > 2 * all_logits  # the logits and their softmax, kept for the backward
     assert chunked.peak < all_logits / 2, (chunked.peak, all_logits)
+
+
+def test_activation_checkpointing_gives_the_same_gradients_from_less_kept_memory():
+    from test_draft import tiny_draft
+
+    from eagle3.training.objective import Objective
+
+    generator = torch.Generator().manual_seed(4)
+    tokens = 300
+    batch = {
+        "input_ids": torch.randint(0, 100, (2, tokens), generator=generator),
+        "loss_mask": torch.rand(2, tokens, generator=generator) > 0.3,
+        "aux": torch.randn(2, tokens, 96, generator=generator) * 4,
+        "final": torch.randn(2, tokens, 32, generator=generator),
+    }
+    results = {}
+    for recompute in (False, True):
+        draft = tiny_draft()
+        objective = Objective(
+            draft,
+            torch.randn(100, 32, generator=torch.Generator().manual_seed(0)),
+            torch.randn(40, 32, generator=torch.Generator().manual_seed(1)),
+            torch.ones(100, dtype=torch.bool),
+            4,
+            0.8,
+            recompute,
+        )
+        probs, top1, masks = objective.targets(batch)
+        counts = torch.stack([m.sum() for m in masks]).float()
+        with PeakBytes() as meter:
+            loss, _, _ = objective(batch, probs, top1, masks, counts, 1)
+            kept = meter.live
+            loss.backward()
+        results[recompute] = (loss.detach(), {n: p.grad for n, p in draft.named_parameters()}, kept)
+    (plain_loss, plain_grads, plain_kept), (loss, grads, kept) = results[False], results[True]
+    assert torch.equal(loss, plain_loss)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], atol=1e-6, rtol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    assert kept < 0.5 * plain_kept, (kept, plain_kept)

@@ -18,13 +18,11 @@ def test_tiny_shape_reports_step_time_and_the_ratio_to_the_reference():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "8 heads x 32 (2 KV)" in result.stdout and "draft vocab 256" in result.stdout
-    rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+(linear|reference)\s+([\d.]+)\s+(\d+)", result.stdout, re.MULTILINE)
+    rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+(\w+)\s+([\d.]+)\s+(\d+)", result.stdout, re.MULTILINE)
     assert [(tokens, arm) for tokens, _, arm, _, _ in rows] == [
-        ("64", "linear"),
-        ("64", "reference"),
-        ("320", "linear"),
-        ("320", "reference"),
+        (tokens, arm) for tokens in ("64", "320") for arm in ("linear", "recompute", "reference")
     ]
     for tokens, steps, _, seconds, per_second in rows:
         assert steps == "2" and abs(int(tokens) / float(seconds) - int(per_second)) <= 0.01 * int(per_second) + 1
     assert len(re.findall(r"reference/linear: time x[\d.]+", result.stdout)) == 2
+    assert len(re.findall(r"recompute/linear: time x[\d.]+", result.stdout)) == 2

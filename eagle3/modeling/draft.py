@@ -23,16 +23,20 @@ have channels averaging 100-350 and positions with norm ~25,000); export folds
 it into fc.weight, so the published format is unchanged.
 """
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config
 from eagle3.modeling.attention import ttt_attention
+
+KeysValues = tuple[torch.Tensor, torch.Tensor]
 
 # Config keys copied verbatim from the verifier so rope (incl. scaling such as YaRN) is computed identically.
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
@@ -139,8 +143,14 @@ class TTTAttention(nn.Module):
         self.attend = ttt_attention
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
-    ) -> torch.Tensor:
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[tuple[torch.Tensor, torch.Tensor], ...],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(output, this step's keys, its values); `cache` holds the earlier steps' (a pure function of its inputs,
+        so a TTT step can be recomputed in the backward)."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         batch, tokens, _ = x.shape
@@ -148,9 +158,8 @@ class TTTAttention(nn.Module):
         k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        cache.append((k, v))
-        out = self.attend(q, cache, 1.0 / math.sqrt(self.head_dim))
-        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, self.heads * self.head_dim))
+        out = self.attend(q, [*cache, (k, v)], 1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, self.heads * self.head_dim)), k, v
 
 
 class MidLayer(nn.Module):
@@ -166,8 +175,9 @@ class MidLayer(nn.Module):
 
     def forward(self, embeds, hidden, cos, sin, cache):
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        residual = self.self_attn(x, cos, sin, cache) + hidden
-        return self.mlp(self.post_attention_layernorm(residual)) + residual
+        attended, k, v = self.self_attn(x, cos, sin, cache)
+        residual = attended + hidden
+        return self.mlp(self.post_attention_layernorm(residual)) + residual, k, v
 
 
 class Eagle3Draft(nn.Module):
@@ -195,20 +205,28 @@ class Eagle3Draft(nn.Module):
             with torch.no_grad():
                 self.lm_head.weight.copy_(lm_head.to(self.lm_head.weight.dtype))
 
-    def unroll(self, input_ids: torch.Tensor, aux: torch.Tensor, embed: nn.Module, steps: int) -> list[torch.Tensor]:
+    def unroll(
+        self, input_ids: torch.Tensor, aux: torch.Tensor, embed: nn.Module, steps: int, recompute: bool = False
+    ) -> list[torch.Tensor]:
         """Training-time test. input_ids [B, T] (the verifier's sequence), aux [B, T, A*H].
         Returns per step i the pre-norm features [B, T, H] where position t predicts token t+2+i
-        (`logits` turns them into draft-vocab logits; the trainer does so only where the loss counts)."""
+        (`logits` turns them into draft-vocab logits; the trainer does so only where the loss counts).
+        `recompute`: keep only each step's inputs and outputs for the backward and run the step again there
+        (activation checkpointing: a step's activations at 16K tokens are several GB at Kimi-K2.5's shape)."""
         batch, tokens = input_ids.shape
         hidden = self.fc(aux.to(self.aux_scale.dtype) / self.aux_scale)  # shards hold bf16; the scale is fp32
         positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
+        step = self.midlayer
+        if recompute and torch.is_grad_enabled():
+            step = functools.partial(checkpoint, self.midlayer, use_reentrant=False)
         cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         features = []
         for i in range(steps):
             ahead = torch.zeros_like(input_ids)
             ahead[:, : tokens - 1 - i] = input_ids[:, 1 + i :]
             cos, sin = self.rotary(hidden, positions + i)
-            hidden = self.midlayer(embed(ahead).to(hidden.dtype), hidden, cos, sin, cache)
+            hidden, k, v = step(embed(ahead).to(hidden.dtype), hidden, cos, sin, tuple(cache))
+            cache.append((k, v))
             features.append(hidden)
         return features
 

@@ -34,6 +34,7 @@ class Objective(nn.Module):
         t2d: torch.Tensor,
         steps: int,
         step_weight: float,
+        recompute: bool = False,
     ):
         super().__init__()
         self.draft = draft
@@ -41,6 +42,7 @@ class Objective(nn.Module):
         self.register_buffer("target_head", draft_lm_head, persistent=False)
         self.register_buffer("t2d", t2d, persistent=False)
         self.steps, self.weights = steps, [step_weight**i for i in range(steps)]
+        self.recompute = recompute
 
     def targets(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Verifier distribution over the draft vocab [B, T, Vd], its top-1 [B, T], and per step which positions
@@ -67,7 +69,7 @@ class Objective(nn.Module):
         world: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (loss to backpropagate, per-step loss sums, per-step correct counts) for this process's slice."""
-        features = self.draft.unroll(batch["input_ids"], batch["aux"], self.embed, self.steps)
+        features = self.draft.unroll(batch["input_ids"], batch["aux"], self.embed, self.steps, self.recompute)
         loss = torch.zeros((), device=probs.device)
         sums, correct = [], []
         tokens = probs.shape[1]
@@ -111,6 +113,7 @@ def make_objective(
         t2d,
         config.ttt_steps,
         config.step_weight,
+        config.activation_checkpointing,
     )
 
 
