@@ -166,3 +166,90 @@ def test_vocab_counts_from_token_sections_only(tmp_path):
         f"{tmp_path}/data/hidden/train/shard-00000.e3sh: sample {owner} has token id {largest} >= the verifier's "
         f"vocab size {largest}; rerun `eagle3 extract` for this verifier"
     )
+
+
+def _write_with(path, storage, samples=SAMPLES):
+    from dataclasses import replace
+
+    with ShardWriter(path, replace(META, storage=storage), threads=2) as writer:
+        for sample in samples:
+            writer.add(*sample)
+    return path
+
+
+@pytest.mark.parametrize("storage", ["fp8", "fp8-aux"])
+def test_fp8_storage_round_trip_is_within_the_e4m3_bound_and_keeps_lossless_roles_exact(tmp_path, storage):
+    reader = ShardReader(_write_with(tmp_path / "shard.e3sh", storage))
+    assert reader.meta.storage == storage
+    for position, (sample_id, input_ids, loss_mask, hidden) in enumerate(SAMPLES):
+        sample = reader.read(position)
+        assert sample.sample_id == sample_id and sample.hidden.dtype == torch.bfloat16
+        assert torch.equal(sample.input_ids, input_ids) and torch.equal(sample.loss_mask, loss_mask)
+        original, stored = hidden.float(), sample.hidden.float()
+        fp8_layers = slice(0, 4) if storage == "fp8" else slice(0, 3)
+        scale = original[fp8_layers].abs().amax(-1, keepdim=True) / 448
+        # e4m3: 3 mantissa bits (half a step: 1/16 relative), subnormal step scale * 2^-9; then bf16 rounding.
+        bound = (original[fp8_layers].abs() / 16 + scale / 1024) * (1 + 2**-8) + original[fp8_layers].abs() / 256
+        error = (stored[fp8_layers] - original[fp8_layers]).abs()
+        assert bool((error <= bound + 1e-30).all()), float((error - bound).max())
+        assert float(error.max()) > 0  # it is lossy: a lossless encoding here would mean fp8 was not applied
+        if storage == "fp8-aux":
+            assert torch.equal(sample.hidden[3].view(torch.int16), hidden[3].view(torch.int16))
+        # Relative error over the whole tensor: e4m3's rounding, far from the bound's worst case.
+        assert float(error.norm() / original[fp8_layers].norm()) < 0.04
+
+
+def test_fp8_storage_is_smaller_than_lossless(tmp_path):
+    sizes = {s: _write_with(tmp_path / f"{s}.e3sh", s).stat().st_size for s in ("bf16-lossless", "fp8-aux", "fp8")}
+    raw = sum(s[3].numel() * 2 for s in SAMPLES)
+    # Random mantissas: no zstd gain on the codes here, so about 2x less the scales (real states: benchmarks).
+    assert raw / sizes["fp8"] > 1.8 and sizes["fp8"] < sizes["fp8-aux"] < sizes["bf16-lossless"]
+
+
+def _rewrite_record(path, position, change):
+    """Apply `change` to one record's bytes and fix its checksum and the index's, as a buggy writer would."""
+    import json
+    import struct
+
+    import xxhash
+
+    reader = ShardReader(path)
+    entry = reader.entries[position]
+    reader.close()
+    data = bytearray(path.read_bytes())
+    record = bytearray(data[entry["offset"] : entry["offset"] + entry["length"]])
+    change(record)
+    data[entry["offset"] : entry["offset"] + entry["length"]] = record
+    index_offset, index_length = struct.unpack_from("<QQ", data, len(data) - 32)
+    index = json.loads(bytes(data[index_offset : index_offset + index_length]))
+    index["samples"][position]["xxh3"] = xxhash.xxh3_64_intdigest(bytes(record))
+    encoded = json.dumps(index, sort_keys=True).encode()
+    footer = struct.pack("<QQQ8s", index_offset, len(encoded), xxhash.xxh3_64_intdigest(encoded), b"E3SHEND1")
+    path.write_bytes(bytes(data[:index_offset]) + encoded + footer)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, 0.0, float("inf")])
+def test_a_corrupted_scale_is_refused_naming_the_file_and_sample(tmp_path, bad):
+    import struct
+
+    path = _write_with(tmp_path / "shard-00003.e3sh", "fp8")
+
+    def corrupt_first_scale(record):
+        _tokens, _layers, _width, ids, mask = struct.unpack_from("<5I", record)
+        struct.pack_into("<f", record, 36 + ids + mask, bad)  # the first aux scale: after the ids and the mask
+
+    _rewrite_record(path, 2, corrupt_first_scale)
+    reader = ShardReader(path)
+    reader.read(1)  # the other samples still read
+    with pytest.raises(ShardError, match=r"shard-00003.e3sh: sample 2 \(s2\): invalid fp8 scales") as error:
+        reader.read(2)
+    assert "\n" not in str(error.value)
+
+
+def test_a_shard_of_another_format_version_is_refused_naming_the_file(tmp_path):
+    path = _write(tmp_path / "shard-00001.e3sh")
+    data = bytearray(path.read_bytes())
+    data[8:10] = (1).to_bytes(2, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=r"shard-00001.e3sh: shard format version 1, this eagle3 reads 2; rerun"):
+        ShardReader(path)

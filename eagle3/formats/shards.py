@@ -11,12 +11,23 @@ File layout (all integers little-endian)::
     index    UTF-8 JSON: {"samples": [{id, offset, length, tokens, loss_tokens, xxh3}]}
     footer   u64 index offset | u64 index length | u64 xxh3 of the index | 8s b"E3SHEND1"
 
-A record is a fixed 32-byte head (u32 tokens, layers, hidden, then the byte
-lengths of its four sections, one u32 reserved) and four sections: input ids
-(int32, zstd), loss mask (bit-packed, zstd), and the bf16 hidden states split
-into byte planes: the high bytes (sign + 7 exponent bits) zstd-compressed, the
-low bytes (mantissa) stored raw. Hidden states are stored layer-major,
-[layers, tokens, hidden], in `layer_ids` order.
+A record is a fixed 36-byte head (u32 tokens, layers, hidden, then the byte
+lengths of its six sections) and six sections: input ids (int32, zstd), loss
+mask (bit-packed, zstd), then two for the aux layers (all but the last of
+`layer_ids`: the draft's input) and two for the final layer (the training
+targets), each pair as the header's `storage` says for that role:
+
+- `bf16`: lossless, the bf16 states split into byte planes: the high bytes
+  (sign + 7 exponent bits) zstd-compressed, the low bytes (mantissa) raw.
+- `fp8`: float8 e4m3 with one fp32 scale per layer and token (its largest
+  magnitude / 448, e4m3's largest finite value): the scales raw, then the
+  codes zstd-compressed. Each value is within 1/16 of itself plus scale/1024
+  (e4m3's subnormal step) of the original, before rounding back to bf16.
+
+`storage` names the pair for the file (STORAGES): `bf16-lossless` (both
+roles bf16), `fp8-aux` (aux fp8, final bf16), `fp8` (both fp8). Hidden states
+are stored layer-major, [layers, tokens, hidden], in `layer_ids` order, and
+always read back as bf16.
 
 Why this codec (measured on SmolLM2's real aux + final states,
 benchmarks/storage.py): the high plane shrinks ~3x, the low plane not at all,
@@ -43,6 +54,7 @@ The directory (data/hidden/)::
 
 import contextlib
 import json
+import math
 import mmap
 import os
 import struct
@@ -62,11 +74,15 @@ from eagle3.errors import Eagle3Error
 from eagle3.files import partial_path, read_json, write_json
 from eagle3.paths import HIDDEN_DIR, HIDDEN_INDEX
 
-MAGIC, END_MAGIC, VERSION = b"EAGLE3SH", b"E3SHEND1", 1
+MAGIC, END_MAGIC, VERSION = b"EAGLE3SH", b"E3SHEND1", 2
 SUFFIX = ".e3sh"
 _PREFIX = struct.Struct("<8sHHI")
 _FOOTER = struct.Struct("<QQQ8s")
-_RECORD = struct.Struct("<8I")
+_RECORD = struct.Struct("<9I")
+
+# How the aux layers and the final layer are stored, per `extract.storage`.
+STORAGES = {"bf16-lossless": ("bf16", "bf16"), "fp8-aux": ("fp8", "bf16"), "fp8": ("fp8", "fp8")}
+FP8_MAX = 448.0
 
 
 class ShardError(Eagle3Error):
@@ -80,6 +96,7 @@ class ShardMeta:
     hidden_size: int
     tokenizer_sha256: str
     dtype: str = "bfloat16"
+    storage: str = "bf16-lossless"
 
 
 @dataclass
@@ -109,8 +126,22 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     return cache[level]
 
 
+def _encode_role(states: torch.Tensor, encoding: str, compressor) -> list[Any]:
+    """One role's states [layers, tokens, hidden] as its two sections."""
+    if encoding == "bf16":
+        # bf16 bit patterns as int16: the arithmetic shift's sign extension is cut off by the uint8 cast.
+        bits = states.to(torch.bfloat16).contiguous().view(torch.int16).reshape(-1)
+        return [compressor.compress((bits >> 8).to(torch.uint8).numpy()), memoryview(bits.to(torch.uint8).numpy())]
+    values = states.float()
+    largest = values.abs().amax(-1, keepdim=True)
+    scales = torch.where(largest > 0, largest / FP8_MAX, torch.ones_like(largest))
+    codes = (values / scales).to(torch.float8_e4m3fn).view(torch.uint8)
+    scale_bytes = scales.reshape(-1).numpy().astype("<f4").view(np.uint8)
+    return [memoryview(scale_bytes), compressor.compress(codes.reshape(-1).numpy())]
+
+
 def encode_sample(
-    input_ids: torch.Tensor, loss_mask: torch.Tensor, hidden: torch.Tensor, level: int = 1
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, hidden: torch.Tensor, level: int = 1, storage="bf16-lossless"
 ) -> tuple[list[Any], int, int]:
     """A record as the buffers to write back to back (no joined copy), its total length and its xxh3-64."""
     layers, tokens, width = hidden.shape
@@ -120,15 +151,14 @@ def encode_sample(
             f"{tuple(hidden.shape)}"
         )
     compressor = _compressor(level)
-    # bf16 bit patterns as int16: the arithmetic shift's sign extension is cut off by the uint8 cast.
-    bits = hidden.to(torch.bfloat16).contiguous().view(torch.int16).reshape(-1)
+    aux, final = STORAGES[storage]
     sections = [
         compressor.compress(input_ids.to(torch.int32).numpy().astype("<i4", copy=False)),
         compressor.compress(np.packbits(loss_mask.numpy().astype(bool))),
-        compressor.compress((bits >> 8).to(torch.uint8).numpy()),
-        memoryview(bits.to(torch.uint8).numpy()),
+        *_encode_role(hidden[:-1], aux, compressor),
+        *_encode_role(hidden[-1:], final, compressor),
     ]
-    buffers = [_RECORD.pack(tokens, layers, width, *(len(memoryview(s)) for s in sections), 0), *sections]
+    buffers = [_RECORD.pack(tokens, layers, width, *(len(memoryview(s)) for s in sections)), *sections]
     digest = xxhash.xxh3_64()
     for buffer in buffers:
         digest.update(buffer)
@@ -136,7 +166,7 @@ def encode_sample(
 
 
 def _sections(record: bytes) -> tuple[int, int, int, list[memoryview]]:
-    tokens, layers, width, *lengths, _ = _RECORD.unpack_from(record)
+    tokens, layers, width, *lengths = _RECORD.unpack_from(record)
     view, offset, sections = memoryview(record), _RECORD.size, []
     for length in lengths:
         sections.append(view[offset : offset + length])
@@ -151,15 +181,35 @@ def _decode_tokens(decompressor, tokens: int, sections: list[memoryview]) -> tup
     return input_ids, loss_mask
 
 
-def decode_sample(record: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _decode_role(sections, encoding: str, shape: tuple[int, int, int], decompressor, where: str) -> torch.Tensor:
+    first, second = sections
+    if encoding == "bf16":
+        pairs = np.empty((math.prod(shape), 2), dtype=np.uint8)
+        pairs[:, 1] = np.frombuffer(decompressor.decompress(first), dtype=np.uint8)
+        pairs[:, 0] = np.frombuffer(second, dtype=np.uint8)
+        return torch.from_numpy(pairs.view(np.uint16).reshape(shape)).view(torch.bfloat16)
+    scales = torch.from_numpy(np.frombuffer(first, dtype="<f4").astype(np.float32))
+    # The checksum proves the bytes are what was written, not that a writer wrote sane scales.
+    if len(scales) != shape[0] * shape[1] or not bool(torch.isfinite(scales).all() and (scales > 0).all()):
+        raise ShardError(f"{where}: invalid fp8 scales (not finite and positive); rerun `eagle3 extract`")
+    codes = torch.from_numpy(np.frombuffer(decompressor.decompress(second), dtype=np.uint8).copy())
+    values = codes.view(torch.float8_e4m3fn).float().reshape(shape) * scales.reshape(shape[0], shape[1], 1)
+    return values.to(torch.bfloat16)
+
+
+def decode_sample(
+    record: bytes, storage: str = "bf16-lossless", where: str = "record"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens, layers, width, sections = _sections(record)
     decompressor = zstandard.ZstdDecompressor()
     input_ids, loss_mask = _decode_tokens(decompressor, tokens, sections)
-    high, low = decompressor.decompress(sections[2]), sections[3]
-    pairs = np.empty((layers * tokens * width, 2), dtype=np.uint8)
-    pairs[:, 1] = np.frombuffer(high, dtype=np.uint8)
-    pairs[:, 0] = np.frombuffer(low, dtype=np.uint8)
-    hidden = torch.from_numpy(pairs.view(np.uint16).reshape(layers, tokens, width)).view(torch.bfloat16)
+    aux, final = STORAGES[storage]
+    hidden = torch.cat(
+        [
+            _decode_role(sections[2:4], aux, (layers - 1, tokens, width), decompressor, where),
+            _decode_role(sections[4:6], final, (1, tokens, width), decompressor, where),
+        ]
+    )
     return input_ids, loss_mask, hidden
 
 
@@ -175,10 +225,13 @@ class ShardWriter:
     2 x threads samples in flight, so memory stays bounded whatever the shard size."""
 
     def __init__(self, path: Path, meta: ShardMeta, level: int = 1, threads: int = 2):
+        if meta.storage not in STORAGES:
+            raise ValueError(f"storage {meta.storage!r}: expected one of {', '.join(STORAGES)}")
         self.path, self.meta, self.level = Path(path), meta, level
         self.partial = partial_path(self.path)
         self.handle = open(self.partial, "wb")
-        codec = {"name": "byteplanes: high zstd, low raw", "level": level, "hash_log": _zstd_params(level).hash_log}
+        aux, final = STORAGES[meta.storage]
+        codec = {"aux": aux, "final": final, "level": level, "hash_log": _zstd_params(level).hash_log}
         header = json.dumps(
             {"format": "eagle3-shard", "version": VERSION, **asdict(meta), "codec": codec}, sort_keys=True
         ).encode()
@@ -195,7 +248,7 @@ class ShardWriter:
                 f"hidden {tuple(hidden.shape)} does not match layers {self.meta.layer_ids} x hidden "
                 f"{self.meta.hidden_size}"
             )
-        future = self.pool.submit(encode_sample, input_ids, loss_mask, hidden, self.level)
+        future = self.pool.submit(encode_sample, input_ids, loss_mask, hidden, self.level, self.meta.storage)
         self.in_flight.append((sample_id, len(input_ids), int(loss_mask.sum()), future))
         while len(self.in_flight) > self.window:
             self._drain_one()
@@ -259,7 +312,9 @@ class ShardReader:
             raise ShardError(f"{self.path}: not an eagle3 shard (bad magic); delete it and rerun `eagle3 extract`")
         _, version, _, header_length = _PREFIX.unpack(prefix)
         if version != VERSION:
-            raise ShardError(f"{self.path}: shard format version {version}, this eagle3 reads {VERSION}")
+            raise ShardError(
+                f"{self.path}: shard format version {version}, this eagle3 reads {VERSION}; rerun `eagle3 extract`"
+            )
         if size < _PREFIX.size + header_length + _FOOTER.size:
             raise self._truncated()
         try:
@@ -270,6 +325,8 @@ class ShardReader:
                 f"{self.path}: unreadable shard header ({exc}); delete it and rerun `eagle3 extract`"
             ) from None
         self.meta = ShardMeta(**{**fields, "layer_ids": tuple(fields["layer_ids"])})
+        if self.meta.storage not in STORAGES:
+            raise ShardError(f"{self.path}: unknown storage {self.meta.storage!r}; rerun `eagle3 extract`")
         self.handle.seek(size - _FOOTER.size)
         offset, length, checksum, end = _FOOTER.unpack(self.handle.read(_FOOTER.size))
         if end != END_MAGIC or offset + length + _FOOTER.size != size:
@@ -293,7 +350,8 @@ class ShardReader:
         return len(self.entries)
 
     def read(self, position: int) -> Sample:
-        input_ids, loss_mask, hidden = decode_sample(self._record(position))
+        where = f"{self.path}: sample {position} ({self.entries[position]['id']})"
+        input_ids, loss_mask, hidden = decode_sample(self._record(position), self.meta.storage, where)
         return Sample(self.entries[position]["id"], input_ids, loss_mask, hidden)
 
     def read_tokens(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
