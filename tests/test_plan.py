@@ -118,12 +118,56 @@ def test_seed_case_kimi(tmp_path):
     assert budget == "Budget (B, training included): $38 is below $180-900; 0.95 h is below 6-18 h."
     warnings = " ".join(plan["warnings"])
     assert "measured on HuggingFaceTB/SmolLM2-135M-Instruct's states, not moonshotai/Kimi-K2.5's" in warnings
-    assert "samples of 16,384 tokens: today's trainer fitted at most 4,096 tokens" in warnings
+    assert "samples of 16,384 tokens: training memory is now linear in length but not yet measured" in warnings
+    assert "the quadratic trainer before it fitted at most 4,096 tokens x 7 TTT steps" in warnings
     assert "cache.type hardlink,symlink" in warnings
 
     table = eagle3(tmp_path, "plan", *SEED).stdout
     assert table.index("Disk: the rented machine") < table.index("Sizes")
     assert "57,344 B" in table and "2.82 TB" in table and "* B" in table
+
+
+def test_storage_options_from_a_ratio_measured_with_another_storage(tmp_path):
+    from eagle3.tools.plan_inputs import STORAGE_GAIN
+
+    _metrics(tmp_path)  # 1.476, an older metrics file without "storage": lossless
+    _provenance(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    plan = _plan(tmp_path, *SEED, "--storage", "fp8")
+    fp8_ratio = 1.476 * STORAGE_GAIN["fp8"]
+    assert plan["inputs"]["storage"] == "fp8" and plan["inputs"]["compression_ratio"] == pytest.approx(fp8_ratio)
+    assert plan["hidden_states"]["stored_bytes"] == pytest.approx(RAW / fp8_ratio)
+    assert "measured with storage bf16-lossless" in plan["inputs"]["sources"]["compression_ratio"]
+    assert f"x{STORAGE_GAIN['fp8']:.3f} for fp8" in plan["inputs"]["sources"]["compression_ratio"]
+    options = {o["storage"]: o for o in plan["storage_options"]}
+    assert list(options) == ["bf16-lossless", "fp8-aux", "fp8", "fp8-compact"]
+    for storage, option in options.items():
+        ratio = 1.476 * STORAGE_GAIN[storage]
+        assert option["compression_ratio"] == pytest.approx(ratio)
+        assert option["stored_bytes"] == pytest.approx(RAW / ratio)
+        assert option["ship_hidden_states_s"] == pytest.approx(RAW / ratio / LINK)
+        assert option["scenarios"]["A"]["there_disk_bytes"] == pytest.approx(
+            (RAW / ratio + TENSORS + CHECKPOINTS) * 1.2
+        )
+        assert option["scenarios"]["B"]["there_disk_bytes"] == pytest.approx(
+            (600e9 + TEXT + RAW / ratio + CHECKPOINTS) * 1.2
+        )
+    assert options["bf16-lossless"]["stored_bytes"] == pytest.approx(STORED)
+    # Shipping shrinks with the ratio, so A's rented time and cost fall; B only saves disk.
+    assert options["fp8"]["scenarios"]["A"]["cost_usd"] < options["bf16-lossless"]["scenarios"]["A"]["cost_usd"]
+    assert options["fp8"]["scenarios"]["B"]["rented_s"] == pytest.approx(
+        options["bf16-lossless"]["scenarios"]["B"]["rented_s"]
+    )
+
+    # Metrics measured with fp8: asking for lossless divides the gain back out.
+    metrics = json.loads((tmp_path / "metrics" / "extract.json").read_text())
+    (tmp_path / "metrics" / "extract.json").write_text(
+        json.dumps({**metrics, "compression_ratio": 3.0, "storage": "fp8"})
+    )
+    assert _plan(tmp_path, *SEED)["inputs"]["storage"] == "fp8"
+    lossless = _plan(tmp_path, *SEED, "--storage", "bf16-lossless")
+    assert lossless["inputs"]["compression_ratio"] == pytest.approx(3.0 / STORAGE_GAIN["fp8"])
+    rendered = eagle3(tmp_path, "plan", *SEED, "--storage", "fp8-aux").stdout
+    assert "Hidden-state storage (extract.storage)" in rendered and "* fp8-aux" in rendered
 
 
 def test_every_formula_against_hand_computation(tmp_path):

@@ -19,13 +19,15 @@ targets), each pair as the header's `storage` says for that role:
 
 - `bf16`: lossless, the bf16 states split into byte planes: the high bytes
   (sign + 7 exponent bits) zstd-compressed, the low bytes (mantissa) raw.
-- `fp8`: float8 e4m3 with one fp32 scale per layer and token (its largest
-  magnitude / 448, e4m3's largest finite value): the scales raw, then the
-  codes zstd-compressed. Each value is within 1/16 of itself plus scale/1024
-  (e4m3's subnormal step) of the original, before rounding back to bf16.
+- `e4m3` / `e5m2`: 8-bit floats (3 or 2 mantissa bits) with one fp32 scale
+  per layer and token (its largest magnitude / the format's largest finite
+  value, 448 or 57,344): the scales raw, then the codes zstd-compressed. A
+  value comes back within half a step of its format (1/16 or 1/8 of itself)
+  plus half the subnormal step (scale x 2^-10 or 2^-17), then rounded to bf16.
 
 `storage` names the pair for the file (STORAGES): `bf16-lossless` (both
-roles bf16), `fp8-aux` (aux fp8, final bf16), `fp8` (both fp8). Hidden states
+roles bf16), `fp8-aux` (aux e4m3, final bf16), `fp8` (both e4m3),
+`fp8-compact` (aux e5m2, final e4m3). Hidden states
 are stored layer-major, [layers, tokens, hidden], in `layer_ids` order, and
 always read back as bf16.
 
@@ -81,8 +83,14 @@ _FOOTER = struct.Struct("<QQQ8s")
 _RECORD = struct.Struct("<9I")
 
 # How the aux layers and the final layer are stored, per `extract.storage`.
-STORAGES = {"bf16-lossless": ("bf16", "bf16"), "fp8-aux": ("fp8", "bf16"), "fp8": ("fp8", "fp8")}
-FP8_MAX = 448.0
+STORAGES = {
+    "bf16-lossless": ("bf16", "bf16"),
+    "fp8-aux": ("e4m3", "bf16"),
+    "fp8": ("e4m3", "e4m3"),
+    "fp8-compact": ("e5m2", "e4m3"),
+}
+# The 8-bit encodings: their dtype and largest finite value (a token's largest magnitude maps to it).
+FP8 = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
 
 
 class ShardError(Eagle3Error):
@@ -132,10 +140,11 @@ def _encode_role(states: torch.Tensor, encoding: str, compressor) -> list[Any]:
         # bf16 bit patterns as int16: the arithmetic shift's sign extension is cut off by the uint8 cast.
         bits = states.to(torch.bfloat16).contiguous().view(torch.int16).reshape(-1)
         return [compressor.compress((bits >> 8).to(torch.uint8).numpy()), memoryview(bits.to(torch.uint8).numpy())]
+    dtype, largest_code = FP8[encoding]
     values = states.float()
     largest = values.abs().amax(-1, keepdim=True)
-    scales = torch.where(largest > 0, largest / FP8_MAX, torch.ones_like(largest))
-    codes = (values / scales).to(torch.float8_e4m3fn).view(torch.uint8)
+    scales = torch.where(largest > 0, largest / largest_code, torch.ones_like(largest))
+    codes = (values / scales).to(dtype).view(torch.uint8)
     scale_bytes = scales.reshape(-1).numpy().astype("<f4").view(np.uint8)
     return [memoryview(scale_bytes), compressor.compress(codes.reshape(-1).numpy())]
 
@@ -191,9 +200,9 @@ def _decode_role(sections, encoding: str, shape: tuple[int, int, int], decompres
     scales = torch.from_numpy(np.frombuffer(first, dtype="<f4").astype(np.float32))
     # The checksum proves the bytes are what was written, not that a writer wrote sane scales.
     if len(scales) != shape[0] * shape[1] or not bool(torch.isfinite(scales).all() and (scales > 0).all()):
-        raise ShardError(f"{where}: invalid fp8 scales (not finite and positive); rerun `eagle3 extract`")
+        raise ShardError(f"{where}: invalid 8-bit scales (not finite and positive); rerun `eagle3 extract`")
     codes = torch.from_numpy(np.frombuffer(decompressor.decompress(second), dtype=np.uint8).copy())
-    values = codes.view(torch.float8_e4m3fn).float().reshape(shape) * scales.reshape(shape[0], shape[1], 1)
+    values = codes.view(FP8[encoding][0]).float().reshape(shape) * scales.reshape(shape[0], shape[1], 1)
     return values.to(torch.bfloat16)
 
 

@@ -36,6 +36,11 @@ class ExtractParams(Section):
     # Batches run shortest first within a shard and are written back in plan order: up to one shard's raw
     # states wait in memory.
     shard_raw_mb: PositiveInt = 1024
+    # How hidden states are stored (eagle3/formats/shards.py; README "extract" has the measured trade-off):
+    # bf16-lossless (1.48x smaller than raw); 8-bit floats with a scale per token, per role (the aux layers are
+    # the draft's input, the final layer defines its targets): fp8-aux (aux e4m3, final lossless), fp8 (both
+    # e4m3), fp8-compact (aux e5m2, final e4m3). Training reads bf16 whatever is stored.
+    storage: Literal["bf16-lossless", "fp8-aux", "fp8", "fp8-compact"] = "bf16-lossless"
     compression_level: int = Field(1, ge=1, le=19)
     compression_threads: PositiveInt = execution_only(2)
     # Refuse to start unless the output filesystem keeps this much free after the estimated shards.

@@ -62,7 +62,7 @@ Break-even between A and B (training is the same in both and cancels):
 """
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 GB, TB = 1e9, 1e12
@@ -122,8 +122,8 @@ class TrainMeasurement:
 
 
 # This project's draft trainer at Kimi-K2.5's shape (1.14B trainable parameters) on one H200, bf16 autocast, fused
-# AdamW, batch 1 (README "GPU measurements"). 6,144 tokens x 7 steps ran out of its 141 GB: 4,096 is the longest
-# measured sample that fits today.
+# AdamW, batch 1 (README "GPU measurements"), before its attention became linear in T: 6,144 tokens x 7 steps ran
+# out of its 141 GB, 4,096 was the longest measured sample that fit. The only GPU figures so far.
 TRAIN_MEASURED = TrainMeasurement("h200", 7134.0, 2048, 7, 4096)
 
 
@@ -171,6 +171,9 @@ class Inputs:
     keep_checkpoints: int
     headroom: float
     cache_link: str
+    # extract.storage the ratio is for, and every storage's ratio (the plan shows each beside the chosen one).
+    storage: str = "bf16-lossless"
+    storage_ratios: dict[str, float] = field(default_factory=dict)
     budget_usd: Budget | None = None
     budget_hours: Budget | None = None
     link_measurement: dict[str, Any] | None = None
@@ -355,8 +358,33 @@ def compute(inputs: Inputs) -> dict[str, Any]:
         "recommendation": best,
         "break_even_a_vs_b": break_even,
     }
+    plan["storage_options"] = [
+        _storage_option(storage, ratio, compute(replace(inputs, compression_ratio=ratio, storage_ratios={})))
+        for storage, ratio in inputs.storage_ratios.items()
+    ]
     plan["answer"] = answer(plan)
     return plan
+
+
+def _storage_option(storage: str, ratio: float, plan: dict[str, Any]) -> dict[str, Any]:
+    """What one extract.storage changes: stored size, the disk each scenario needs there, shipping, time, cost."""
+    scenarios = plan["scenarios"]
+    return {
+        "storage": storage,
+        "compression_ratio": ratio,
+        "stored_bytes": plan["hidden_states"]["stored_bytes"],
+        "ship_hidden_states_s": scenarios["A"]["rented_steps_s"]["ship_hidden_states"],
+        "scenarios": {
+            key: {
+                "there_disk_bytes": scenarios[key]["disk"]["there"]["bytes"],
+                "rented_s": scenarios[key]["rented_s"],
+                "cost_usd": scenarios[key]["cost_usd"],
+                "feasible": scenarios[key]["feasible"],
+            }
+            for key in ("A", "B")
+        },
+        "recommendation": plan["recommendation"],
+    }
 
 
 def size(value: float | None) -> str:

@@ -31,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "on another verifier)",
     )
     data.add_argument(
+        "--storage",
+        choices=["bf16-lossless", "fp8-aux", "fp8", "fp8-compact"],
+        help="extract.storage the plan assumes (default: the one --metrics was measured with); every storage is "
+        "shown beside it",
+    )
+    data.add_argument(
         "--metrics",
         default=EXTRACT_METRICS.as_posix(),
         help=f"the extract stage's metrics (default {EXTRACT_METRICS.as_posix()})",
@@ -201,6 +207,22 @@ def render(plan: dict[str, Any]) -> None:
             f"${s['cost_usd']:,.0f}",
             _disk_cell(s["disk"]["there"]),
             _disk_cell(s["disk"]["here"]),
+        )
+    console.print(table)
+    table = Table(title="Hidden-state storage (extract.storage)", title_justify="left")
+    for column in ("storage", "x raw", "stored", "ship (A)", "disk there A / B", "A", "B", "best"):
+        table.add_column(column, justify="left" if column in ("storage", "best") else "right")
+    for option in plan["storage_options"]:
+        a, b = option["scenarios"]["A"], option["scenarios"]["B"]
+        table.add_row(
+            ("* " if option["storage"] == plan["inputs"]["storage"] else "") + option["storage"],
+            f"{option['compression_ratio']:.2f}",
+            size(option["stored_bytes"]),
+            duration(option["ship_hidden_states_s"]),
+            f"{size(a['there_disk_bytes'])} / {size(b['there_disk_bytes'])}",
+            f"{duration(a['rented_s'])}, ${a['cost_usd']:,.0f}",
+            f"{duration(b['rented_s'])}, ${b['cost_usd']:,.0f}",
+            option["recommendation"] or "none fits",
         )
     console.print(table)
     even = plan["break_even_a_vs_b"]

@@ -26,6 +26,11 @@ from eagle3.tools.plan import (
     VerifierShape,
 )
 
+# Stored size of each extract.storage relative to bf16-lossless (raw/stored over raw/stored), measured on the
+# embedded verifier's real states by benchmarks/storage_8bit.py: how a ratio measured with one storage becomes
+# another's. The fp8 storages' gain depends little on the model (a fixed byte per value plus a scale per token).
+STORAGE_GAIN = {"bf16-lossless": 1.0, "fp8-aux": 1.378, "fp8": 1.572, "fp8-compact": 1.774}
+
 
 def verifier_shape(spec: str) -> VerifierShape:
     """A preset name, or a Hugging Face config.json (a multimodal one's `text_config` is used). The weights' size
@@ -209,18 +214,30 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     same_verifier = measured_on == verifier.name
     wanted = args.compression_ratio is None or (same_verifier and metrics_path.is_file())
     metrics = read_extract_metrics(metrics_path) if wanted else None
+    measured_storage = metrics.get("storage", "bf16-lossless") if metrics else None
+    storage = args.storage or measured_storage or "bf16-lossless"
     ratio = args.compression_ratio
-    sources["compression_ratio"] = "--compression-ratio"
+    sources["compression_ratio"] = f"--compression-ratio (storage {storage})"
     if ratio is None:
         ratio = float(metrics["compression_ratio"])
         _positive(f"{args.metrics}: compression_ratio", ratio)
-        sources["compression_ratio"] = f"{args.metrics}, measured on {measured_on or 'an unrecorded verifier'}"
+        sources["compression_ratio"] = (
+            f"{args.metrics}, measured with storage {measured_storage} on {measured_on or 'an unrecorded verifier'}"
+        )
+        if storage != measured_storage:
+            ratio *= STORAGE_GAIN[storage] / STORAGE_GAIN[measured_storage]
+            sources["compression_ratio"] += (
+                f", x{STORAGE_GAIN[storage] / STORAGE_GAIN[measured_storage]:.3f} for {storage} "
+                "(benchmarks/storage_8bit.py)"
+            )
         if not same_verifier:
             warnings.append(
                 f"the compression ratio {ratio:g} was measured on {measured_on or 'an unrecorded verifier'}'s states, "
                 f"not {verifier.name}'s; split-byte zstd of bf16 states should carry over (README), but measure it "
                 "on a few real samples and pass --compression-ratio"
             )
+
+    storage_ratios = {name: ratio * gain / STORAGE_GAIN[storage] for name, gain in STORAGE_GAIN.items()}
 
     there = Machine(
         there_gpu,
@@ -262,15 +279,18 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         f"({TRAIN_MEASURED.sample_tokens:,}-token samples, {TRAIN_MEASURED.ttt_steps} TTT steps) x "
         f"{there.tflops:g} / {GPUS[TRAIN_MEASURED.gpu].bf16_tflops:g} TFLOP/s, {there.gpus} GPUs"
     )
-    # Training memory grows with the square of the sample length (T x T attention of the TTT steps).
+    # The quadratic trainer's measured limit, scaled by memory as its T x T attention was: the linear-memory one
+    # (eagle3/modeling/attention.py) has not been measured on a GPU yet, so a longer sample is flagged, not refused.
     measured_gpu = GPUS[TRAIN_MEASURED.gpu]
     fitting = int(TRAIN_MEASURED.longest_fitting_tokens * math.sqrt(there.memory_gb / measured_gpu.memory_gb))
     if max_tokens > fitting:
         warnings.append(
-            f"samples of {max_tokens:,} tokens: today's trainer fitted at most "
-            f"{TRAIN_MEASURED.longest_fitting_tokens:,} tokens x {TRAIN_MEASURED.ttt_steps} TTT steps in an "
-            f"{measured_gpu.name}'s {measured_gpu.memory_gb:g} GB (~{fitting:,} in {there.memory_gb:g} GB); longer "
-            "samples run out of memory until training attention is linear in length"
+            f"samples of {max_tokens:,} tokens: training memory is now linear in length but not yet measured on a "
+            f"GPU; the quadratic trainer before it fitted at most {TRAIN_MEASURED.longest_fitting_tokens:,} tokens x "
+            f"{TRAIN_MEASURED.ttt_steps} TTT steps in an {measured_gpu.name}'s {measured_gpu.memory_gb:g} GB "
+            f"(~{fitting:,} in {there.memory_gb:g} GB). Run `python benchmarks/train_gpu.py --tokens {max_tokens}` "
+            "on one GPU of the rented kind before booking (train.activation_checkpointing and "
+            "train.max_tokens_per_batch bound the memory)"
         )
     for side, machine in (("here", here), ("there", there)):
         if verifier.weights_bytes > machine.gpus * machine.memory_gb * GB * GPU_MEMORY_UTILIZATION:
@@ -314,6 +334,8 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         captured_layers=args.layers,
         bytes_per_element=args.bytes_per_element,
         compression_ratio=ratio,
+        storage=storage,
+        storage_ratios=storage_ratios,
         link_gbit=link_gbit,
         link_efficiency=link_efficiency,
         weights_link_gbit=args.weights_link_gbit or link_gbit,
