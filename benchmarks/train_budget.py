@@ -71,7 +71,7 @@ def main() -> None:
             train.run(params, work)
             seconds = time.monotonic() - started
             export.run(params, work)
-            estimate = offline_estimate(work, 3)
+            estimate = offline_estimate(work, 3, params.evaluate.offline)
             rows.append((config, seconds, estimate))
             print(
                 f"{describe(config)}: {seconds:.0f} s, offline tokens/step {estimate['tokens_per_step']}, "
