@@ -150,7 +150,11 @@ def _encode_role(states: torch.Tensor, encoding: str, compressor) -> list[Any]:
 
 
 def encode_sample(
-    input_ids: torch.Tensor, loss_mask: torch.Tensor, hidden: torch.Tensor, level: int = 1, storage="bf16-lossless"
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    hidden: torch.Tensor,
+    level: int = 1,
+    storage: str = "bf16-lossless",
 ) -> tuple[list[Any], int, int]:
     """A record as the buffers to write back to back (no joined copy), its total length and its xxh3-64."""
     layers, tokens, width = hidden.shape

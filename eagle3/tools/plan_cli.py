@@ -9,7 +9,7 @@ from typing import Any
 
 from eagle3.paths import EXTRACT_METRICS
 from eagle3.tools.plan import CACHE_LINKS, GPUS, PRESETS, compute, duration, size
-from eagle3.tools.plan_inputs import inputs_from_args
+from eagle3.tools.plan_inputs import STORAGE_GAIN, inputs_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--storage",
-        choices=["bf16-lossless", "fp8-aux", "fp8", "fp8-compact"],
+        choices=list(STORAGE_GAIN),
         help="extract.storage the plan assumes (default: the one --metrics was measured with); every storage is "
         "shown beside it",
     )

@@ -225,11 +225,9 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
             f"{args.metrics}, measured with storage {measured_storage} on {measured_on or 'an unrecorded verifier'}"
         )
         if storage != measured_storage:
-            ratio *= STORAGE_GAIN[storage] / STORAGE_GAIN[measured_storage]
-            sources["compression_ratio"] += (
-                f", x{STORAGE_GAIN[storage] / STORAGE_GAIN[measured_storage]:.3f} for {storage} "
-                "(benchmarks/storage_8bit.py)"
-            )
+            factor = STORAGE_GAIN[storage] / STORAGE_GAIN[measured_storage]
+            ratio *= factor
+            sources["compression_ratio"] += f", x{factor:.3f} for {storage} (benchmarks/storage_8bit.py)"
         if not same_verifier:
             warnings.append(
                 f"the compression ratio {ratio:g} was measured on {measured_on or 'an unrecorded verifier'}'s states, "

@@ -91,9 +91,6 @@ class Window:
                 live.log_metric(f"train/acc_{i}", round(float(self.correct[i]) / count, 6))
                 live.log_metric(f"train/ce_{i}", round(float(self.loss[i]) / count, 6))
         live.make_summary()
-        self.clear()
-
-    def clear(self) -> None:
         for tensor in (self.loss, self.correct, self.counts):
             tensor.zero_()
         self.objective, self.steps = 0.0, 0

@@ -78,7 +78,7 @@ class Objective(nn.Module):
             # Only positions that count go through norm + lm_head: the vocabulary projection is the costliest part.
             sequence, position = mask.nonzero(as_tuple=True)
             step_sum, step_correct = soft_cross_entropy(
-                self.draft.norm(step_features[mask]),
+                self.draft.norm(step_features[sequence, position]),
                 self.draft.lm_head.weight,
                 flat_probs,
                 sequence * tokens + position + 1 + i,
