@@ -22,16 +22,30 @@ def completion(content: str, reasoning: str | None = None, finish_reason: str = 
 
 
 class FakeServer:
-    def __init__(self, reply: Reply, delay_s: float = 0.0):
+    """`delay_s`: seconds before each answer, or a function of the request body (skewed latencies).
+    `in_flight`: (time.monotonic(), requests being answered, body) at every arrival and (..., None) at every
+    departure."""
+
+    def __init__(self, reply: Reply, delay_s: float | Callable[[dict[str, Any]], float] = 0.0):
         self.requests: list[dict[str, Any]] = []
+        self.in_flight: list[tuple[float, int, dict[str, Any] | None]] = []
+        lock = threading.Lock()
+        answering = 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                nonlocal answering
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(body)
-                time.sleep(delay_s)
+                with lock:
+                    server.requests.append(body)
+                    answering += 1
+                    server.in_flight.append((time.monotonic(), answering, body))
+                time.sleep(delay_s(body) if callable(delay_s) else delay_s)
                 status, payload = reply(body)
+                with lock:
+                    answering -= 1
+                    server.in_flight.append((time.monotonic(), answering, None))
                 data = json.dumps(payload).encode()
                 try:
                     self.send_response(status)

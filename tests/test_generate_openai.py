@@ -65,7 +65,7 @@ def test_unreachable_server_is_one_clear_error(verifier_project, tmp_path):
     [
         (lambda body: (500, {"error": "boom"}), 0.0, {}, "HTTP 500"),
         (lambda body: (429, {"error": "slow down"}), 0.0, {}, "HTTP 429"),
-        (lambda body: completion("late"), 1.5, {"timeout_s": 0.3}, "ReadTimeout"),
+        (lambda body: completion("late"), 1.5, {"timeout_s": 0.3}, "no answer within generate.openai.timeout_s"),
     ],
 )
 def test_server_faults_retry_then_stop_naming_the_url(verifier_project, tmp_path, reply, delay, settings, problem):
@@ -251,3 +251,121 @@ def test_last_turn_mode_and_history_overflow(verifier_project, tmp_path):
     assert all(r["status"] == "ok" and len(r["turns"]) == 1 for r in truncated)
     metrics = json.loads((root_all / "metrics/generate.json").read_text())
     assert metrics["truncated_conversations"] == {"prompt_too_long": len(truncated)}
+
+
+def _first_user(body: dict) -> str:
+    return next(m["content"] for m in body["messages"] if m["role"] == "user")
+
+
+def _is_first_turn(body: dict) -> bool:
+    return not any(m["role"] == "assistant" for m in body["messages"])
+
+
+def _answer(body: dict) -> tuple[int, dict]:
+    """Depends only on the conversation so far, never on timing."""
+    return completion(f"reply #{len(body['messages'])} to {body['messages'][-1]['content'][:30]}")
+
+
+def _mean_in_flight(timeline: list[tuple[float, int, dict | None]], start: float, end: float) -> float:
+    """Time-weighted mean of the server's in-flight count over [start, end]."""
+    total, count, last = 0.0, 0, start
+    for moment, in_flight, _ in timeline:
+        if moment > end:
+            break
+        if moment > start:
+            total += count * (moment - last)
+            last = moment
+        count = in_flight
+    return (total + count * (end - last)) / (end - start)
+
+
+def test_skewed_latencies_keep_requests_in_flight_at_concurrency(verifier_project, tmp_path):
+    """A few very slow conversations (the first of four train parts) must not hold back the others: requests in
+    flight stay at `concurrency` until the last conversation has started, and the output equals a run without skew.
+    With parts as the unit in flight, two parts waiting on their slow conversation left 2 of 4 slots busy."""
+    concurrency, slow = 4, set()
+
+    def delay(body: dict) -> float:
+        return 2.0 if _is_first_turn(body) and _first_user(body) in slow else 0.1
+
+    with FakeServer(_answer, delay_s=delay) as server:
+        root = project(tmp_path / "skewed", verifier_project, _params(_openai(server.url, concurrency=concurrency)))
+        train = prepared(root)["train"]
+        slow |= {_first_user(train[row]) for row in (0, 8, 16, 24)}
+        eagle3(root, "generate")
+    timeline = server.in_flight
+    assert max(n for _, n, _ in timeline) == concurrency
+    reached = next(moment for moment, n, _ in timeline if n == concurrency)
+    last_start = max(moment for moment, _, body in timeline if body is not None and _is_first_turn(body))
+    assert last_start - reached > 2.0  # the slow requests fall inside the measured span
+    assert _mean_in_flight(timeline, reached, last_start) >= concurrency - 0.5
+
+    with FakeServer(_answer) as steady:
+        plain = project(tmp_path / "steady", verifier_project, _params(_openai(steady.url, concurrency=concurrency)))
+        eagle3(plain, "generate")
+    assert output_files(root) == output_files(plain)
+
+
+def _reasoning_verifier(root: Path) -> None:
+    """The project's verifier with a chat template that renders reasoning (a reasoning model's); the model files
+    are hard links into the shared fixture, so the template file is replaced, never written through."""
+    template = root / "models/verifier/chat_template.jinja"
+    template.unlink()
+    template.write_text(REASONING_TEMPLATE)
+
+
+@pytest.mark.parametrize(
+    "probe_answer",
+    [
+        completion("The product is 391."),  # served without a reasoning parser: the thinking is gone
+        completion("17 times 23: 17*20 + 17*3 = 391.</think>The product is 391."),  # <think> was in the prompt
+    ],
+)
+def test_reasoning_model_without_reasoning_fails_at_the_probe(verifier_project, tmp_path, probe_answer):
+    with FakeServer(lambda body: probe_answer) as server:
+        root = project(tmp_path, verifier_project, _params(_openai(server.url)))
+        _reasoning_verifier(root)
+        result = eagle3(root, "generate", check=False)
+        assert len(server.requests) == 1  # the probe, nothing else
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert _last_line(result) == (
+        f"eagle3 generate: error: generate: {server.url} returned no reasoning for a reasoning model (its chat "
+        "template renders reasoning_content/<think>; the probe answer had no `reasoning` field and no <think> "
+        "block); serve it with a reasoning parser (`vllm serve ... --reasoning-parser <name>`, Kimi-K2.5: kimi_k2), "
+        "or set generate.openai.reasoning_check: off if thinking is off on purpose; 0/6 parts (0/41 samples) are "
+        "finished and kept, rerun to continue"
+    )
+    assert not list((root / "data/synthetic").glob("*/part-*"))
+
+
+def test_reasoning_probe_passes_template_kwargs_and_extra_body(verifier_project, tmp_path):
+    def reply(body: dict) -> tuple[int, dict]:
+        return completion(f"answer to {_first_user(body)[:20]}", reasoning="thinking it over")
+
+    with FakeServer(reply) as server:
+        settings = {
+            **_openai(server.url, extra_body={"top_k": 5, "skip_special_tokens": False}),
+            "chat_template_kwargs": {"thinking": True},
+        }
+        root = project(tmp_path / "checked", verifier_project, _params(settings))
+        _reasoning_verifier(root)
+        eagle3(root, "generate")
+        bodies = server.requests
+    samples = sum(len(split) for split in prepared(root).values())
+    probe, *turns = bodies
+    assert _first_user(probe).startswith("What is 17 times 23?") and len(turns) >= samples
+    for body in bodies:
+        assert body["top_k"] == 5 and body["skip_special_tokens"] is False
+        assert body["chat_template_kwargs"] == {"thinking": True}
+    # Every render of these conversations (extract's token layout) gets the same template arguments.
+    assert {json.dumps(r["chat_template_kwargs"]) for split in records(root).values() for r in split} == {
+        '{"thinking": true}'
+    }
+
+    with FakeServer(lambda body: completion("no thinking here")) as server:
+        unchecked = project(
+            tmp_path / "off", verifier_project, _params(_openai(server.url, reasoning_check="off"))
+        )
+        _reasoning_verifier(unchecked)
+        eagle3(unchecked, "generate")
+        assert not any(_first_user(b).startswith("What is 17 times 23?") for b in server.requests)

@@ -11,6 +11,7 @@ the reasoning exactly as it does in serving.
 """
 
 import re
+from pathlib import Path
 from typing import Any
 
 _INLINE = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
@@ -38,7 +39,24 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rendered
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+def render(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
     return tokenizer.apply_chat_template(
-        template_messages(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        template_messages(messages),
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        **(template_kwargs or {}),
     )
+
+
+def template_renders_reasoning(model_dir: Path, trust_remote_code: bool) -> bool:
+    """Whether the verifier's chat template has a place for reasoning (a reasoning model's), by its source text."""
+    from transformers import AutoTokenizer
+
+    template = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code).chat_template or ""
+    sources = template.values() if isinstance(template, dict) else [template]
+    return any("reasoning_content" in source or "<think>" in source for source in sources)

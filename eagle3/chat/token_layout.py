@@ -30,15 +30,26 @@ class Sequence:
     truncated: bool
 
 
-def layout(tokenizer: Any, sample_id: str, messages: list[dict[str, Any]], max_seq_len: int) -> list[Sequence]:
+def layout(
+    tokenizer: Any,
+    sample_id: str,
+    messages: list[dict[str, Any]],
+    max_seq_len: int,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[Sequence]:
+    """`template_kwargs`: what generate passed to the chat template (the record's chat_template_kwargs)."""
+
+    def render_turns(upto: int, add_generation_prompt: bool = False) -> str:
+        return render(tokenizer, messages[:upto], add_generation_prompt, template_kwargs)
+
     assistant_turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not assistant_turns:
         return []
-    full = render(tokenizer, messages)
+    full = render_turns(len(messages))
     spans, prefix_stable = [], True
     for turn in assistant_turns:
-        before = render(tokenizer, messages[:turn], add_generation_prompt=True)
-        through = render(tokenizer, messages[: turn + 1])
+        before = render_turns(turn, add_generation_prompt=True)
+        through = render_turns(turn + 1)
         if not (through.startswith(before) and full.startswith(through)):
             prefix_stable = False
             break
@@ -47,8 +58,8 @@ def layout(tokenizer: Any, sample_id: str, messages: list[dict[str, Any]], max_s
         return [_sequence(tokenizer, sample_id, full, spans, max_seq_len)]
     sequences = []
     for number, turn in enumerate(assistant_turns):
-        before = render(tokenizer, messages[:turn], add_generation_prompt=True)
-        through = render(tokenizer, messages[: turn + 1])
+        before = render_turns(turn, add_generation_prompt=True)
+        through = render_turns(turn + 1)
         sequences.append(
             _sequence(tokenizer, f"{sample_id}#{number}", through, [(len(before), len(through))], max_seq_len)
         )

@@ -15,10 +15,10 @@ ranks/machines merge by copying them into one directory.
 Record: id, source, origin, prompt_hash, status ("ok" | "skipped"),
 skip_reason, truncated_reason (a later turn could not be generated: the
 conversation ends after the last generated turn), messages [{role, content, reasoning?}], turns [{finish_reason,
-prompt_tokens, completion_tokens, reasoning_format}], sampling, verifier,
-backend. `content` is the assistant text exactly as the verifier returned it;
-`reasoning` is what a server-side reasoning parser split off (None otherwise),
-so the chat template can render the turn as serving does.
+prompt_tokens, completion_tokens, reasoning_format}], sampling, chat_template_kwargs (what every render of the
+conversation passes to the chat template), verifier, backend. `content` is the assistant text exactly as the verifier
+returned it; `reasoning` is what a server-side reasoning parser split off (None otherwise), so the chat template can
+render the turn as serving does.
 """
 
 import json
@@ -35,7 +35,7 @@ from eagle3.hashing import sha256_file
 from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
 
 # Part of generate's run key: bump when the record format changes, so parts in the old format are remade, not mixed in.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 PART_PATTERN = re.compile(r"^part-(\d{5})\.jsonl\.zst$")
 _LEVEL = 3
 

@@ -1,10 +1,22 @@
 """params.yaml `generate:` — how the verifier regenerates the assistant turns."""
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from eagle3.params.base import Section, execution_only
+
+_OWNED_BODY_FIELDS = {
+    "model",
+    "messages",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "chat_template_kwargs",
+    "stream",
+    "n",
+}
 
 
 class Sampling(Section):
@@ -33,12 +45,31 @@ class OpenAIServers(Section):
     base_urls: list[HttpUrl] = execution_only(..., min_length=1, description="e.g. http://10.0.0.5:8000/v1")
     model: str = Field(min_length=1, description="the served model name")
     concurrency: PositiveInt = execution_only(32)
-    timeout_s: float = execution_only(600.0, gt=0)
+    # Deadline of one request, for its whole answer: a 16-32K-token reasoning answer takes many minutes. A request
+    # past it is retried (regenerating that turn) and counts toward max_retries.
+    timeout_s: float = execution_only(3600.0, gt=0)
     max_retries: NonNegativeInt = execution_only(8)
     backoff_s: float = execution_only(1.0, gt=0)
     max_backoff_s: float = execution_only(30.0, gt=0)
     # Name of an environment variable holding the API key; the key itself never goes in params.yaml.
     api_key_env: str | None = execution_only(None)
+    # Extra fields for every request body, passed through as given (e.g. top_k, repetition_penalty,
+    # skip_special_tokens); they shape the answers, so they are part of the run key.
+    extra_body: dict[str, Any] = {}
+    # Before the first part, one probe request per server checks that a reasoning model's thinking comes back
+    # (a server started without `--reasoning-parser` can lose it). auto: when the verifier's chat template renders
+    # reasoning; require: always; off: never (e.g. thinking switched off through chat_template_kwargs).
+    reasoning_check: Literal["auto", "require", "off"] = execution_only("auto")
+
+    @field_validator("extra_body")
+    @classmethod
+    def _no_owned_fields(cls, body: dict[str, Any]) -> dict[str, Any]:
+        owned = sorted(set(body) & _OWNED_BODY_FIELDS)
+        if owned:
+            raise ValueError(
+                f"{owned} are set by the stage (sampling, model, messages, chat_template_kwargs have their own params)"
+            )
+        return body
 
 
 class TransformersFallback(Section):
@@ -50,6 +81,9 @@ class GenerateParams(Section):
     # all: every assistant turn, each conditioned on the regenerated history;
     # last: only the reply to the last user turn.
     turns: Literal["all", "last"] = "all"
+    # Passed to the chat template wherever it renders (every backend, and extract's token layout through the
+    # records), e.g. {thinking: false} for a model whose template switches thinking.
+    chat_template_kwargs: dict[str, Any] = {}
     splits: list[Literal["train", "heldout"]] = Field(["train", "heldout"], min_length=1)
     # Samples per output part: the unit of resume (a killed run redoes at most the parts in flight).
     chunk_size: PositiveInt = 64

@@ -150,7 +150,7 @@ def _sequences(root: Path, split: str, tokenizer: Any, config: ExtractParams, co
         if record["status"] != "ok":
             counts[f"skipped_{record['skip_reason']}"] += 1
             continue
-        made = layout(tokenizer, record["id"], record["messages"], config.max_seq_len)
+        made = layout(tokenizer, record["id"], record["messages"], config.max_seq_len, record["chat_template_kwargs"])
         if not made:
             counts["skipped_empty_conversation"] += 1
         for sequence in made:

@@ -74,7 +74,12 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     def part_rows(split: str, index: int) -> list[dict[str, Any]]:
         return rows[split][index * config.chunk_size : (index + 1) * config.chunk_size]
 
-    common = {"sampling": config.sampling.model_dump(), "verifier": provenance.name, "backend": config.backend}
+    common = {
+        "sampling": config.sampling.model_dump(),
+        "chat_template_kwargs": config.chat_template_kwargs,
+        "verifier": provenance.name,
+        "backend": config.backend,
+    }
     stats = Counter()
     elapsed = 0.0
     if todo:
@@ -206,9 +211,10 @@ def _backend(config: GenerateParams, provenance: Provenance, root: Path) -> Gene
 
         return VllmBackend(config, verifier_dir(root), provenance)
     if config.backend == "openai":
+        from eagle3.chat.reasoning import template_renders_reasoning
         from eagle3.engines.generation.openai_servers import OpenAIBackend
 
-        return OpenAIBackend(config)
+        return OpenAIBackend(config, template_renders_reasoning(verifier_dir(root), provenance.trust_remote_code))
     from eagle3.engines.generation.hf_transformers import TransformersBackend
 
     return TransformersBackend(config, verifier_dir(root), provenance)

@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.reasoning import template_messages
+from eagle3.chat.reasoning import render
 from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult, drive_batched
 from eagle3.formats.provenance import Provenance
 from eagle3.params.generate import GenerateParams
@@ -40,12 +40,7 @@ class TransformersBackend:
         results: list[TurnResult | Skip] = []
         for start in range(0, len(requests), batch):
             group = requests[start : start + batch]
-            prompts = [
-                self.tokenizer.apply_chat_template(
-                    template_messages(r.messages), tokenize=False, add_generation_prompt=True
-                )
-                for r in group
-            ]
+            prompts = [render(self.tokenizer, r.messages, True, self.config.chat_template_kwargs) for r in group]
             encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
             lengths = encoded["attention_mask"].sum(dim=1).tolist()
             if max(lengths) >= self.max_len:

@@ -1,4 +1,9 @@
-"""OpenAI-compatible servers (`vllm serve` of the verifier): async, bounded concurrency, spread over every URL.
+"""OpenAI-compatible servers (`vllm serve` of the verifier): async, requests in flight held at `concurrency`
+across parts, spread over every URL.
+
+Each request has a deadline (`timeout_s`, for the whole answer: long reasoning answers need a long one). Before
+the first part, a verifier whose chat template renders reasoning gets one probe request per server, so a server
+started without its reasoning parser fails the run at once instead of silently losing the thinking text.
 
 Retries with exponential backoff on connection errors, timeouts, 429 and 5xx,
 moving to the next URL on each retry so a dead server's work flows to the live
@@ -10,23 +15,27 @@ the prompt exceeds the context is a skip, not a failure.
 import asyncio
 import itertools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import httpx
 
 from eagle3.chat.reasoning import template_messages
-from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult
+from eagle3.engines.generation.base import Chunk, Conversation, Skip, TurnRequest, TurnResult
 from eagle3.engines.server_access import auth_headers, vllm_version
 from eagle3.errors import Eagle3Error
 from eagle3.params.generate import GenerateParams
 
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length|context length|too long|exceeds", re.IGNORECASE)
+_PROBE_QUESTION = "What is 17 times 23? Think it through step by step, then give the number."
 
 
 class OpenAIBackend:
-    def __init__(self, config: GenerateParams):
+    def __init__(self, config: GenerateParams, reasoning_model: bool):
+        """`reasoning_model`: the verifier's chat template renders reasoning (`template_renders_reasoning`)."""
         self.config = config
+        check = config.openai.reasoning_check
+        self.check_reasoning = check == "require" or (check == "auto" and reasoning_model)
         self.servers = [str(url).rstrip("/") for url in config.openai.base_urls]
         self._rotation = itertools.cycle(range(len(self.servers)))
         self.headers = auth_headers(config.openai.api_key_env, "generate.openai.api_key_env")
@@ -43,49 +52,65 @@ class OpenAIBackend:
     def close(self) -> None:
         pass
 
-    async def _process(self, chunks, on_done: Callable[[Chunk], None]) -> None:
+    async def _process(self, chunks: Iterator[Chunk], on_done: Callable[[Chunk], None]) -> None:
+        """`concurrency` workers, each driving one conversation at a time through all its turns and then taking the
+        next one, from the next part when the current one has none left: requests in flight stay at `concurrency`
+        while any conversation is unstarted, however slow a few of them are. A part is handed to `on_done` (and
+        written) when its last conversation finishes, in whatever order parts finish; each worker holds at most one
+        part open, so at most `concurrency` + 1 parts are in memory."""
         servers = self.config.openai
-        limit = asyncio.Semaphore(servers.concurrency)
-        # Enough parts in flight to keep every request slot busy while the slowest part finishes.
-        window = -(-servers.concurrency // self.config.chunk_size) + 1
-        timeout = httpx.Timeout(servers.timeout_s, connect=min(servers.timeout_s, 10.0))
-        async with httpx.AsyncClient(
-            timeout=timeout, limits=httpx.Limits(max_connections=servers.concurrency)
-        ) as client:
-            in_flight: set[asyncio.Task] = set()
+        unstarted = _conversations(chunks)
+        remaining: dict[tuple[str, int], int] = {}
 
-            def launch() -> None:
-                chunk = next(chunks, None)
-                if chunk is not None:
-                    in_flight.add(asyncio.create_task(self._chunk(client, limit, chunk)))
+        async def worker(client: httpx.AsyncClient) -> None:
+            for chunk, conversation in unstarted:
+                part = (chunk.split, chunk.index)
+                remaining.setdefault(part, len(chunk.conversations))
+                while conversation.needs_turn:
+                    conversation.accept(await self._complete(client, conversation.request()))
+                remaining[part] -= 1
+                if not remaining[part]:
+                    del remaining[part]
+                    on_done(chunk)
 
-            for _ in range(window):
-                launch()
+        # The deadline is the request's, enforced around it (`_complete`); httpx's own timeouts are per socket read.
+        timeout = httpx.Timeout(None, connect=min(servers.timeout_s, 10.0))
+        limits = httpx.Limits(max_connections=servers.concurrency, max_keepalive_connections=servers.concurrency)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            if self.check_reasoning:
+                await self._check_reasoning(client)
+            workers = [asyncio.create_task(worker(client)) for _ in range(servers.concurrency)]
             try:
-                while in_flight:
-                    done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
-                        in_flight.discard(task)
-                        on_done(task.result())
-                        launch()
+                done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()  # the first failure stops the run; finished parts are already written
             finally:
-                for task in in_flight:
+                for task in workers:
                     task.cancel()
-                await asyncio.gather(*in_flight, return_exceptions=True)
+                await asyncio.gather(*workers, return_exceptions=True)
 
-    async def _chunk(self, client: httpx.AsyncClient, limit: asyncio.Semaphore, chunk: Chunk) -> Chunk:
-        async def converse(conversation) -> None:
-            while conversation.needs_turn:
-                conversation.accept(await self._complete(client, limit, conversation.request()))
-
-        await asyncio.gather(*(converse(c) for c in chunk.conversations))
-        return chunk
+    async def _check_reasoning(self, client: httpx.AsyncClient) -> None:
+        """One probe request per server: a reasoning model's thinking must come back, as a `reasoning` field (a
+        server-side reasoning parser) or inline as `<think>...`; served without a parser, a template that opens
+        `<think>` in the prompt leaves only `...</think>answer`, and the thinking cannot be rendered back."""
+        probe = TurnRequest([{"role": "user", "content": _PROBE_QUESTION}], self.config.sampling.seed)
+        for url in self.servers:
+            answer = await self._complete(client, probe, url)
+            if isinstance(answer, Skip) or answer.reasoning or answer.content.lstrip().startswith("<think>"):
+                continue
+            raise Eagle3Error(
+                f"generate: {url} returned no reasoning for a reasoning model (its chat template renders "
+                "reasoning_content/<think>; the probe answer had no `reasoning` field and no <think> block); serve "
+                "it with a reasoning parser (`vllm serve ... --reasoning-parser <name>`, Kimi-K2.5: kimi_k2), or set "
+                "generate.openai.reasoning_check: off if thinking is off on purpose"
+            )
 
     async def _complete(
-        self, client: httpx.AsyncClient, limit: asyncio.Semaphore, request: TurnRequest
+        self, client: httpx.AsyncClient, request: TurnRequest, only_url: str | None = None
     ) -> TurnResult | Skip:
-        servers, sampling = self.config.openai, self.config.sampling
+        config, servers, sampling = self.config, self.config.openai, self.config.sampling
         body = {
+            **servers.extra_body,
             "model": servers.model,
             "messages": template_messages(request.messages),
             "temperature": sampling.temperature,
@@ -93,27 +118,38 @@ class OpenAIBackend:
             "max_tokens": sampling.max_tokens,
             "seed": request.seed,
         }
+        if config.chat_template_kwargs:
+            body["chat_template_kwargs"] = config.chat_template_kwargs
         first = next(self._rotation)
         for attempt in range(servers.max_retries + 1):
-            url = self.servers[(first + attempt) % len(self.servers)]
-            async with limit:
-                try:
+            url = only_url or self.servers[(first + attempt) % len(self.servers)]
+            try:
+                async with asyncio.timeout(servers.timeout_s):
                     response = await client.post(f"{url}/chat/completions", json=body, headers=self.headers)
-                except httpx.TransportError as exc:
-                    problem = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                else:
-                    if response.status_code == 200:
-                        return _parse(response.json())
-                    if response.status_code == 400 and _CONTEXT_OVERFLOW.search(response.text):
-                        return Skip("prompt_too_long")
-                    if response.status_code != 429 and response.status_code < 500:
-                        raise Eagle3Error(
-                            f"{url} rejected the request: HTTP {response.status_code}: {response.text[:300]}"
-                        )
-                    problem = f"HTTP {response.status_code}"
+            except TimeoutError:
+                problem = (
+                    f"no answer within generate.openai.timeout_s = {servers.timeout_s:g} s; a long reasoning answer "
+                    "needs more"
+                )
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            else:
+                if response.status_code == 200:
+                    return _parse(response.json())
+                if response.status_code == 400 and _CONTEXT_OVERFLOW.search(response.text):
+                    return Skip("prompt_too_long")
+                if response.status_code != 429 and response.status_code < 500:
+                    raise Eagle3Error(f"{url} rejected the request: HTTP {response.status_code}: {response.text[:300]}")
+                problem = f"HTTP {response.status_code}"
             if attempt < servers.max_retries:
                 await asyncio.sleep(min(servers.backoff_s * 2**attempt, servers.max_backoff_s))
         raise Eagle3Error(f"generate: {url} failed {servers.max_retries + 1} attempts in a row (last: {problem})")
+
+
+def _conversations(chunks: Iterator[Chunk]) -> Iterator[tuple[Chunk, Conversation]]:
+    for chunk in chunks:
+        for conversation in chunk.conversations:
+            yield chunk, conversation
 
 
 def _parse(payload: dict[str, Any]) -> TurnResult:

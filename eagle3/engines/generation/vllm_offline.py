@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.reasoning import template_messages
+from eagle3.chat.reasoning import render, template_messages
 from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult, drive_batched
 from eagle3.engines.vllm_env import engine_args, import_vllm, prepare_environment
 from eagle3.formats.provenance import Provenance
@@ -46,9 +46,7 @@ class VllmBackend:
         results: list[TurnResult | Skip | None] = [None] * len(requests)
         runnable = []
         for position, request in enumerate(requests):
-            prompt = self.tokenizer.apply_chat_template(
-                template_messages(request.messages), tokenize=False, add_generation_prompt=True
-            )
+            prompt = render(self.tokenizer, request.messages, True, self.config.chat_template_kwargs)
             if len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]) >= self.max_model_len:
                 results[position] = Skip("prompt_too_long")
             else:
@@ -67,6 +65,7 @@ class VllmBackend:
                     for p in runnable
                 ],
                 use_tqdm=False,
+                chat_template_kwargs=self.config.chat_template_kwargs or None,
             )
             for position, output in zip(runnable, outputs, strict=True):
                 completion = output.outputs[0]
