@@ -230,3 +230,30 @@ def test_vllm_backend_resumes_byte_identical_and_a_rerun_keeps_the_last_measurem
     (root / "metrics/extract.json").unlink()  # as `dvc repro` does before it runs the stage
     eagle3(root, "extract")  # nothing left to do: the measurement of the run that did work stays
     assert json.loads((root / "metrics/extract.json").read_text()) == metrics
+
+
+THINKING_SWITCH = (
+    "{% set empty = '' if (thinking | default(true)) else '<think></think>' %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}{{ empty }}{% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{{ empty }}{% endif %}"
+)
+
+
+def test_layout_renders_with_the_records_template_kwargs(verifier_project):
+    """Generate passed chat_template_kwargs to the template; extract renders the same prompt (here: an empty
+    thinking block that a thinking-off template adds), masked as prompt, not as generated text."""
+    from transformers import AutoTokenizer
+
+    from eagle3.chat.token_layout import layout
+
+    tokenizer = AutoTokenizer.from_pretrained(verifier_project / "models/verifier")
+    tokenizer.chat_template = THINKING_SWITCH
+    messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
+    (default,) = layout(tokenizer, "s", messages, 512)
+    (switched_off,) = layout(tokenizer, "s", messages, 512, {"thinking": False})
+    assert "<think></think>" not in tokenizer.decode(default.input_ids)
+    assert "<|im_start|>assistant\n<think></think>" in tokenizer.decode(switched_off.input_ids)
+    assert len(switched_off.input_ids) > len(default.input_ids)
+    for sequence in (default, switched_off):
+        assert tokenizer.decode(sequence.input_ids[sequence.loss_mask]) == "Blue.<|im_end|>"
