@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from eagle3.config import load_params  # noqa: E402
 from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.formats.shards import ShardMeta, ShardWriter  # noqa: E402
+from eagle3.formats.synthetic import iter_records  # noqa: E402
 from eagle3.stages.extract import _length_sorted_batches, _sequences, cut_batches, in_plan_order, layer_ids  # noqa: E402
 
 
@@ -54,7 +56,9 @@ def main() -> None:
     config = load_params(args.root / "params.yaml").extract
     provenance = read_provenance(args.root)
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir(args.root))
-    sequences = _sequences(args.root, args.split, tokenizer, config, Counter())[: args.samples]
+    sequences = list(
+        islice(_sequences(iter_records(args.root, args.split), tokenizer, config, Counter()), args.samples)
+    )
     if len(sequences) < args.samples:
         raise SystemExit(f"need {args.samples} sequences in data/synthetic/{args.split}; run `dvc repro generate`")
     meta = ShardMeta(

@@ -140,7 +140,7 @@ INVALID = [
     (lambda p: _set(p, "generate.chunk_size", 0), "params.yaml: generate.chunk_size: must be > 0, got 0"),
     (
         lambda p: _set(
-            p, "generate.openai", {"base_urls": ["http://h:8000/v1"], "model": "m", "extra_body": {"seed": 3, "top_k": 5}}
+            p, "generate.openai", {"base_urls": ["http://h:8000/v1"], "model": "m", "extra_body": {"seed": 3, "k": 5}}
         ),
         "params.yaml: generate.openai.extra_body: ['seed'] are set by the stage (sampling, model, messages, "
         "chat_template_kwargs have their own params)",

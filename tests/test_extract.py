@@ -125,8 +125,43 @@ def test_sigkill_then_rerun_is_byte_identical(extracted, verifier_project, tmp_p
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert 1 <= len(_shards(root)) < len(_shards(extracted))
-    eagle3(root, "extract")
+    done = len(list((root / "data/hidden").glob("*/part-*.done.json")))
+    rerun = eagle3(root, "extract")
+    # Finished parts are not planned again: only the remaining ones (6 parts: 5 train, 1 held-out).
+    assert f"extract: {6 - done} of 6 parts to do (rank 0/1)" in rerun.stderr
     assert _files(root) == _files(extracted)
+
+
+def test_ranks_sharing_a_directory_equal_one_process(extracted, tmp_path):
+    root = tmp_path / "ranks"
+    shutil.copytree(extracted, root, copy_function=os.link)
+    shutil.rmtree(root / "data/hidden")
+    (root / "metrics/extract.json").unlink()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "eagle3.cli", "extract", "--rank", str(rank), "--world-size", "2"],
+            cwd=root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    logs = [rank.communicate(timeout=600)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], logs
+    # Rank 0 takes parts 0, 2, 4 of train and 0 of held-out; rank 1 parts 1 and 3 of train.
+    assert "extract: 4 of 6 parts to do (rank 0/2)" in logs[0] and "extract: 2 of 6 parts to do (rank 1/2)" in logs[1]
+    if not (root / "metrics/extract.json").is_file():  # both finished at once: neither saw the other's parts done
+        eagle3(root, "extract")
+
+    def data(project):
+        return {name: data for name, data in _files(project).items() if not name.startswith("environments/")}
+
+    assert data(root) == data(extracted)
+    logs = sorted(p.name for p in (root / "data/hidden/environments").iterdir())
+    assert len(logs) == 2 and logs[0].endswith("-rank1.json") != logs[1].endswith("-rank1.json")
+    ours, theirs = (json.loads((p / "metrics/extract.json").read_text()) for p in (root, extracted))
+    assert {k: v for k, v in ours.items() if k != "this_run"} == {k: v for k, v in theirs.items() if k != "this_run"}
 
 
 def _files(root):
@@ -220,8 +255,8 @@ def test_vllm_backend_resumes_byte_identical_and_a_rerun_keeps_the_last_measurem
     shutil.copytree(vllm_extracted, root, copy_function=shutil.copy2)
     redo = _shards(root)[1]
     redo.unlink()
-    (root / "data/hidden/.vllm-spool").mkdir()  # what a run killed mid-batch leaves behind
-    (root / "data/hidden/.vllm-spool/0.safetensors").write_bytes(b"half a file")
+    (root / "data/hidden/.vllm-spool/rank0").mkdir(parents=True)  # what a run killed mid-batch leaves behind
+    (root / "data/hidden/.vllm-spool/rank0/0.safetensors").write_bytes(b"half a file")
     eagle3(root, "extract")
     assert _files(root) == _files(vllm_extracted)
     metrics = json.loads((root / "metrics/extract.json").read_text())

@@ -363,9 +363,7 @@ def test_reasoning_probe_passes_template_kwargs_and_extra_body(verifier_project,
     }
 
     with FakeServer(lambda body: completion("no thinking here")) as server:
-        unchecked = project(
-            tmp_path / "off", verifier_project, _params(_openai(server.url, reasoning_check="off"))
-        )
+        unchecked = project(tmp_path / "off", verifier_project, _params(_openai(server.url, reasoning_check="off")))
         _reasoning_verifier(unchecked)
         eagle3(unchecked, "generate")
         assert not any(_first_user(b).startswith("What is 17 times 23?") for b in server.requests)

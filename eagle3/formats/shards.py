@@ -470,8 +470,9 @@ class HiddenStateDataset(torch.utils.data.Dataset):
         }
 
 
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}{SUFFIX}"
+def shard_name(part: int, number: int) -> str:
+    """The `number`th shard planned from synthetic part `part` (extract plans each part on its own)."""
+    return f"shard-{part:05d}-{number:03d}{SUFFIX}"
 
 
 def write_index(out: Path, meta: ShardMeta, shards: dict[str, list[Path]]) -> dict[str, int]:

@@ -8,21 +8,31 @@ Token ids and loss mask come from eagle3/chat/token_layout.py. Backends
 and `vllm` (vLLM's extract_hidden_states method); both store the same tensors
 within bf16 tolerance, in the same plan.
 
-Shards (eagle3/formats/shards.py) are planned before any forward pass: sequences in
-prepared order, a new shard whenever the raw hidden states reach
-`shard_raw_mb`; within a shard, batches of up to `batch_tokens` padded
-tokens of similar length, whose states are written back in plan order. The
-plan and each batch depend only on the data and params, so a killed run redoes
-only unfinished shards and the result is byte-identical to an uninterrupted
-run.
+Streaming: the work unit is one synthetic part (generate's output). A part is
+planned from its own records alone (tokenized, its sequences in prepared order
+cut into shards `shard-PPPPP-NNN` whenever the raw states reach
+`shard_raw_mb`), by a background thread one part ahead of the forward passes,
+so planning memory does not grow with the dataset and overlaps the verifier.
+Within a shard, batches of up to `batch_tokens` padded tokens of similar
+length, whose states are written back in plan order. When a part's shards are
+all written, `part-PPPPP.done.json` records them with the part's counts
+(skips, truncations). A restart skips done parts without reading them and
+redoes only the missing shards of the others, so the result is byte-identical
+to an uninterrupted run; `--rank R --world-size W` takes the parts whose index
+% W == R, with the same shards as one process (the index and metrics are
+written by the run that finds every part done, as for generate).
 `run.json` pins the settings the finished shards were made with.
 """
 
+import argparse
+import contextlib
+import queue
 import shutil
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,38 +42,64 @@ from eagle3.chat.token_layout import Sequence, layout
 from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture, open_capture
 from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
-from eagle3.files import write_json
+from eagle3.files import read_json, write_json
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
 from eagle3.formats.shards import VERSION, ShardMeta, ShardWriter, shard_name, write_index
-from eagle3.formats.synthetic import iter_records
+from eagle3.formats.synthetic import PART_PATTERN, read_part
 from eagle3.hashing import sha256_file
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.extract import ExtractParams
-from eagle3.paths import EXTRACT_METRICS, HIDDEN_DIR, SYNTHETIC_MANIFEST, VLLM_SPOOL
+from eagle3.paths import EXTRACT_METRICS, HIDDEN_DIR, SYNTHETIC_DIR, SYNTHETIC_MANIFEST, VLLM_SPOOL
 from eagle3.progress import progress, step
 from eagle3.resume import measured_run, resume_or_reset
 
 # Planning figures for the free-space check, per extract.storage: what each achieved on real states (lossless:
 # 1.48x; the fp8 ones: benchmarks/storage_8bit.py), rounded down.
 EXPECTED_RATIO = {"bf16-lossless": 1.4, "fp8-aux": 1.9, "fp8": 2.2, "fp8-compact": 2.5}
-# Bump when the same inputs and params give other shard bytes (2: length-sorted batches, zstd hash_log 10), so the
-# run key changes and shards made by older code are discarded, never mixed with new ones.
-EXTRACTION_VERSION = 2
+# Bump when the same inputs and params give other shard bytes (2: length-sorted batches, zstd hash_log 10; 3: shards
+# planned per synthetic part), so the run key changes and shards made by older code are discarded, never mixed.
+EXTRACTION_VERSION = 3
 
 
 class Params(StageParams):
     extract: ExtractParams
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rank", type=int, default=0, help="this process's slice of the parts (default 0)")
+    parser.add_argument("--world-size", type=int, default=1, help="number of slices run in parallel (default 1)")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One synthetic part: the unit of planning, resume and scale-out."""
+
+    split: str
+    index: int
+    path: Path
+
+    @property
+    def done_name(self) -> str:
+        return f"part-{self.index:05d}.done.json"
+
+
 @dataclass
 class ShardPlan:
     split: str
-    index: int
+    part: int
+    number: int
     sequences: list[Sequence]
 
     @property
     def path_name(self) -> str:
-        return shard_name(self.index)
+        return shard_name(self.part, self.number)
+
+
+@dataclass
+class PartPlan:
+    part: Part
+    shards: list[ShardPlan]
+    counts: Counter = field(default_factory=Counter)
 
 
 def layer_ids(config: ExtractParams, provenance: Provenance) -> tuple[int, ...]:
@@ -74,8 +110,11 @@ def layer_ids(config: ExtractParams, provenance: Provenance) -> tuple[int, ...]:
     return (*aux, layers)
 
 
-def run(params: Params, root: Path, options=None) -> None:
+def run(params: Params, root: Path, options: argparse.Namespace | None = None) -> None:
     config = params.extract
+    rank, world_size = (getattr(options, "rank", 0), getattr(options, "world_size", 1))
+    if not 0 <= rank < world_size:
+        raise Eagle3Error(f"--rank {rank} must be in [0, --world-size {world_size})")
     provenance = read_provenance(root)
     manifest = root / SYNTHETIC_MANIFEST
     if not manifest.is_file():
@@ -98,55 +137,135 @@ def run(params: Params, root: Path, options=None) -> None:
     }
     tensor_parallel = config.vllm.tensor_parallel_size if config.backend == "vllm" else None
     if config.pin_environment:
-        settings["environment"] = fingerprint(capture(tensor_parallel_size=tensor_parallel))
+        settings["environment"] = fingerprint(capture(tensor_parallel_size=tensor_parallel, world_size=world_size))
     if not resume_or_reset(out, settings)[1]:
         step("extract: no finished shards made with these settings; starting fresh")
 
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(verifier_dir(root), trust_remote_code=provenance.trust_remote_code)
-    counts: Counter = Counter()
-    plans: list[ShardPlan] = []
-    for split in config.splits:
-        plans += _plan(split, _sequences(root, split, tokenizer, config, counts), config, meta)
-    todo = [plan for plan in plans if not (out / plan.split / plan.path_name).is_file()]
-    _check_disk(out, todo, meta, config)
-
+    parts = synthetic_parts(root, config.splits, read_json(manifest, ""))
+    todo = [part for part in parts if part.index % world_size == rank and not _is_done(out, part)]
     started, done_tokens = time.monotonic(), 0
-    spool = root / VLLM_SPOOL
-    shutil.rmtree(spool, ignore_errors=True)  # left by a killed vllm run; never part of the output
+    # Per rank, so ranks sharing the directory never remove each other's; left by a killed vllm run, never output.
+    spool = root / VLLM_SPOOL / f"rank{rank}"
+    shutil.rmtree(spool, ignore_errors=True)
     if todo:
         step(
-            f"extract: {len(todo)} of {len(plans)} shards to write, layers {list(meta.layer_ids)}, backend "
-            f"{config.backend}"
+            f"extract: {len(todo)} of {len(parts)} parts to do (rank {rank}/{world_size}), layers "
+            f"{list(meta.layer_ids)}, backend {config.backend}"
         )
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(verifier_dir(root), trust_remote_code=provenance.trust_remote_code)
         backend = open_capture(CaptureRequest(verifier_dir(root), provenance, meta.layer_ids, config, spool))
-        log = EnvironmentLog(out, {**capture(tensor_parallel_size=tensor_parallel), "backend": config.backend})
+        log = EnvironmentLog(
+            out,
+            {**capture(tensor_parallel_size=tensor_parallel, world_size=world_size), "backend": config.backend},
+            rank,
+        )
         started = time.monotonic()
         try:
             with progress() as bar:
-                task = bar.add_task("extract (tokens)", total=sum(len(s.input_ids) for p in todo for s in p.sequences))
-                for plan in todo:
-                    (out / plan.split).mkdir(parents=True, exist_ok=True)
-                    with ShardWriter(
-                        out / plan.split / plan.path_name, meta, config.compression_level, config.compression_threads
-                    ) as writer:
-                        batches = _length_sorted_batches(plan.sequences, config.batch_tokens)
-                        for sequence, hidden in in_plan_order(backend, plan.sequences, batches):
-                            writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
-                            done_tokens += len(sequence.input_ids)
-                            bar.advance(task, len(sequence.input_ids))
-                    log.made(f"{plan.split}/{plan.path_name}")
+                task = bar.add_task("extract (parts)", total=len(todo))
+                for plan in planned_parts(todo, tokenizer, config, meta):
+                    remaining = [s for s in plan.shards if not (out / s.split / s.path_name).is_file()]
+                    _check_disk(out, remaining, meta, config, len(todo) - bar.tasks[task].completed)
+                    for shard in remaining:
+                        done_tokens += _write_shard(backend, out, shard, meta, config)
+                        log.made(f"{shard.split}/{shard.path_name}")
+                        bar.update(task, description=f"extract (parts; {done_tokens:,} tokens)")
+                    write_json(
+                        out / plan.part.split / plan.part.done_name,
+                        {"shards": [s.path_name for s in plan.shards], "counts": dict(sorted(plan.counts.items()))},
+                    )
+                    bar.advance(task)
         finally:
             backend.close()
             shutil.rmtree(spool, ignore_errors=True)
+            with contextlib.suppress(OSError):  # another rank may still be using it
+                spool.parent.rmdir()
     elapsed = time.monotonic() - started
-    _write_index_and_metrics(root, out, plans, meta, counts, done_tokens, elapsed)
+    missing = [f"{part.split}/{part.path.name}" for part in parts if not _is_done(out, part)]
+    if missing:
+        step(f"extract: rank {rank}/{world_size} done; {len(missing)} parts still missing (other ranks): {missing[:4]}")
+        return
+    _write_index_and_metrics(root, out, parts, meta, done_tokens, elapsed)
 
 
-def _sequences(root: Path, split: str, tokenizer: Any, config: ExtractParams, counts: Counter) -> list[Sequence]:
-    sequences = []
-    for record in iter_records(root, split):
+def synthetic_parts(root: Path, splits: list[str], manifest: dict[str, Any]) -> list[Part]:
+    parts = []
+    for split in splits:
+        for entry in manifest.get(split, []):
+            match = PART_PATTERN.match(entry["part"])
+            if match is None:
+                raise Eagle3Error(f"{root / SYNTHETIC_MANIFEST}: {entry['part']!r} is not a part name; rerun generate")
+            parts.append(Part(split, int(match[1]), root / SYNTHETIC_DIR / split / entry["part"]))
+    return parts
+
+
+def _is_done(out: Path, part: Part) -> bool:
+    """Done: its record exists and every shard it lists is there (a deleted shard is redone)."""
+    record = out / part.split / part.done_name
+    return record.is_file() and all((out / part.split / name).is_file() for name in read_json(record, "")["shards"])
+
+
+def planned_parts(parts: list[Part], tokenizer: Any, config: ExtractParams, meta: ShardMeta) -> Iterator[PartPlan]:
+    """The parts' plans in order, made by a background thread one part ahead of the consumer (tokenization
+    overlaps the forward passes; at most two parts' plans exist at a time)."""
+    ahead: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    finished = object()
+
+    def offer(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def plan_all() -> None:
+        try:
+            for part in parts:
+                if not offer(plan_part(part, read_part(part.path), tokenizer, config, meta)):
+                    return
+            offer(finished)
+        except BaseException as exc:  # handed to the consumer, which raises it where the stage can report it
+            offer(exc)
+
+    planner = threading.Thread(target=plan_all, name="extract-planner", daemon=True)
+    planner.start()
+    try:
+        while (item := ahead.get()) is not finished:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        planner.join()
+
+
+def plan_part(
+    part: Part, records: Iterable[dict[str, Any]], tokenizer: Any, config: ExtractParams, meta: ShardMeta
+) -> PartPlan:
+    """A part's sequences in prepared order, cut into shards whenever their raw states reach shard_raw_mb."""
+    plan = PartPlan(part, [])
+    per_token = len(meta.layer_ids) * meta.hidden_size * 2
+    current, size = [], 0
+    for sequence in _sequences(records, tokenizer, config, plan.counts):
+        current.append(sequence)
+        size += len(sequence.input_ids) * per_token
+        if size >= config.shard_raw_mb * 2**20:
+            plan.shards.append(ShardPlan(part.split, part.index, len(plan.shards), current))
+            current, size = [], 0
+    if current:
+        plan.shards.append(ShardPlan(part.split, part.index, len(plan.shards), current))
+    return plan
+
+
+def _sequences(
+    records: Iterable[dict[str, Any]], tokenizer: Any, config: ExtractParams, counts: Counter
+) -> Iterator[Sequence]:
+    for record in records:
         if record["status"] != "ok":
             counts[f"skipped_{record['skip_reason']}"] += 1
             continue
@@ -158,37 +277,39 @@ def _sequences(root: Path, split: str, tokenizer: Any, config: ExtractParams, co
             if not sequence.loss_mask.any():
                 counts["skipped_no_loss_tokens_after_truncation"] += 1
                 continue
-            sequences.append(sequence)
-    return sequences
+            yield sequence
 
 
-def _plan(split: str, sequences: list[Sequence], config: ExtractParams, meta: ShardMeta) -> list[ShardPlan]:
-    per_token = len(meta.layer_ids) * meta.hidden_size * 2
-    plans, current, size = [], [], 0
-    for sequence in sequences:
-        current.append(sequence)
-        size += len(sequence.input_ids) * per_token
-        if size >= config.shard_raw_mb * 2**20:
-            plans.append(ShardPlan(split, len(plans), current))
-            current, size = [], 0
-    if current:
-        plans.append(ShardPlan(split, len(plans), current))
-    return plans
+def _write_shard(
+    backend: HiddenStateCapture, out: Path, shard: ShardPlan, meta: ShardMeta, config: ExtractParams
+) -> int:
+    (out / shard.split).mkdir(parents=True, exist_ok=True)
+    tokens = 0
+    with ShardWriter(
+        out / shard.split / shard.path_name, meta, config.compression_level, config.compression_threads
+    ) as writer:
+        batches = _length_sorted_batches(shard.sequences, config.batch_tokens)
+        for sequence, hidden in in_plan_order(backend, shard.sequences, batches):
+            writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
+            tokens += len(sequence.input_ids)
+    return tokens
 
 
-def _check_disk(out: Path, todo: list[ShardPlan], meta: ShardMeta, config: ExtractParams) -> None:
-    if config.ignore_disk_check or not todo:
+def _check_disk(out: Path, shards: list[ShardPlan], meta: ShardMeta, config: ExtractParams, parts_left: int) -> None:
+    """Before each part: the space its shards need, times the parts left (streaming plans one part at a time, so
+    the next part stands for the rest), must leave reserve_free_gb free."""
+    if config.ignore_disk_check or not shards:
         return
-    tokens = sum(len(s.input_ids) for plan in todo for s in plan.sequences)
+    tokens = sum(len(s.input_ids) for shard in shards for s in shard.sequences)
     per_token = len(meta.layer_ids) * meta.hidden_size * 2
     ratio = EXPECTED_RATIO[meta.storage]
-    needed = tokens * per_token / ratio
+    needed = tokens * per_token / ratio * parts_left
     free = shutil.disk_usage(out).free
     if free - needed < config.reserve_free_gb * 1e9:
         raise Eagle3Error(
-            f"{out}: needs ~{needed / 1e9:.2f} GB for {len(todo)} shards ({tokens} tokens x {per_token} B/token / "
-            f"{ratio} compression) plus extract.reserve_free_gb {config.reserve_free_gb} GB, but only "
-            f"{free / 1e9:.2f} GB are free; free space, lower extract.reserve_free_gb, or set "
+            f"{out}: needs ~{needed / 1e9:.2f} GB for the {parts_left} parts left (the next one: {tokens} tokens x "
+            f"{per_token} B/token / {ratio} compression) plus extract.reserve_free_gb {config.reserve_free_gb} GB, "
+            f"but only {free / 1e9:.2f} GB are free; free space, lower extract.reserve_free_gb, or set "
             "extract.ignore_disk_check: true"
         )
 
@@ -233,11 +354,14 @@ def in_plan_order(
 
 
 def _write_index_and_metrics(
-    root: Path, out: Path, plans: list[ShardPlan], meta: ShardMeta, counts: Counter, done_tokens: int, elapsed: float
+    root: Path, out: Path, parts: list[Part], meta: ShardMeta, done_tokens: int, elapsed: float
 ) -> None:
     shards: dict[str, list[Path]] = {}
-    for plan in plans:
-        shards.setdefault(plan.split, []).append(out / plan.split / plan.path_name)
+    counts: Counter = Counter()
+    for part in parts:
+        record = read_json(out / part.split / part.done_name, "")
+        shards.setdefault(part.split, []).extend(out / part.split / name for name in record["shards"])
+        counts.update(record["counts"])
     totals = write_index(out, meta, shards)
     per_token = len(meta.layer_ids) * meta.hidden_size * 2
     metrics = {
