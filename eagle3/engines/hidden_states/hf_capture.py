@@ -1,4 +1,9 @@
-"""extract.backend `hf`: the verifier's forward pass in transformers, in padded batches (one process)."""
+"""extract.backend `hf`: the verifier's forward pass in transformers, in padded batches (one process).
+
+On a machine with GPUs the model goes onto them (`device_map="auto"`: one GPU when it fits, else spread layer by
+layer over every visible GPU), inputs go to the embedding's device from pinned host memory, and each layer's
+states are copied back into one pinned host buffer without blocking, with a single synchronisation per batch.
+"""
 
 from pathlib import Path
 
@@ -11,26 +16,41 @@ class HfHiddenStates:
     def __init__(self, model_dir: Path, trust_remote_code: bool, layers: tuple[int, ...]):
         from transformers import AutoModel
 
+        self.on_gpu = torch.cuda.is_available()
         # The base model without lm_head: the vocabulary projection would cost ~3/4 of the time for logits nobody uses.
         self.model = AutoModel.from_pretrained(
-            model_dir, dtype=torch.bfloat16, trust_remote_code=trust_remote_code
+            model_dir,
+            dtype=torch.bfloat16,
+            trust_remote_code=trust_remote_code,
+            **({"device_map": "auto"} if self.on_gpu else {}),
         ).eval()
+        self.device = self.model.get_input_embeddings().weight.device
         self.layers = layers
 
     @torch.no_grad()
     def forward(self, batch: list[Sequence]) -> list[torch.Tensor]:
         """One padded forward pass; returns each sequence's [layers, tokens, hidden] bf16 states, padding removed."""
         longest = max(len(s.input_ids) for s in batch)
-        input_ids = torch.zeros(len(batch), longest, dtype=torch.int64)
-        attention = torch.zeros(len(batch), longest, dtype=torch.int64)
+        input_ids = torch.zeros(len(batch), longest, dtype=torch.int64, pin_memory=self.on_gpu)
+        attention = torch.zeros(len(batch), longest, dtype=torch.int64, pin_memory=self.on_gpu)
         for row, sequence in enumerate(batch):
             input_ids[row, : len(sequence.input_ids)] = sequence.input_ids
             attention[row, : len(sequence.input_ids)] = 1
-        states = self.model(input_ids=input_ids, attention_mask=attention, output_hidden_states=True).hidden_states
-        stacked = torch.stack([states[k] for k in self.layers], dim=1).to(
-            torch.bfloat16
-        )  # [batch, layers, tokens, hidden]
-        return [stacked[row, :, : len(s.input_ids)].contiguous() for row, s in enumerate(batch)]
+        states = self.model(
+            input_ids=input_ids.to(self.device, non_blocking=True),
+            attention_mask=attention.to(self.device, non_blocking=True),
+            output_hidden_states=True,
+        ).hidden_states
+        hidden_size = states[0].shape[-1]
+        # [batch, layers, tokens, hidden]; with device_map the layers live on different GPUs, each copied directly.
+        host = torch.empty(
+            len(batch), len(self.layers), longest, hidden_size, dtype=torch.bfloat16, pin_memory=self.on_gpu
+        )
+        for position, layer in enumerate(self.layers):
+            host[:, position].copy_(states[layer], non_blocking=True)
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        return [host[row, :, : len(s.input_ids)].contiguous() for row, s in enumerate(batch)]
 
     def close(self) -> None:
         del self.model
