@@ -292,3 +292,64 @@ def test_layout_renders_with_the_records_template_kwargs(verifier_project):
     assert len(switched_off.input_ids) > len(default.input_ids)
     for sequence in (default, switched_off):
         assert tokenizer.decode(sequence.input_ids[sequence.loss_mask]) == "Blue.<|im_end|>"
+
+
+def _conversations_in_parts(folder, parts: int, per_part: int) -> list:
+    from eagle3.formats.synthetic import part_path, write_part
+    from eagle3.stages.extract import Part
+
+    folder.mkdir(parents=True)
+    made = []
+    for index in range(parts):
+        records = [
+            {
+                "id": f"s{index}-{row}",
+                "status": "ok",
+                "messages": [
+                    {"role": "user", "content": f"Question {index}.{row}: " + "why is the sky blue? " * 8},
+                    {"role": "assistant", "content": f"Answer {index}.{row}: " + "Rayleigh scattering. " * 12},
+                ],
+                "chat_template_kwargs": {},
+            }
+            for row in range(per_part)
+        ]
+        write_part(part_path(folder, index), records)
+        made.append(Part("train", index, part_path(folder, index)))
+    return made
+
+
+def test_planning_memory_does_not_grow_with_the_conversations(verifier_project, tmp_path):
+    """Planning N and 4N conversations (in parts of 32) streams at the same peak; holding every plan, as planning
+    all before the first forward pass did, grows with N (the control shows the meter sees it)."""
+    import tracemalloc
+
+    from transformers import AutoTokenizer
+
+    from eagle3.formats.shards import ShardMeta
+    from eagle3.params.extract import ExtractParams
+    from eagle3.stages.extract import planned_parts
+
+    tokenizer = AutoTokenizer.from_pretrained(verifier_project / "models/verifier")
+    config = ExtractParams(shard_raw_mb=1)
+    meta = ShardMeta("verifier", (2, 15, 27, 30), 576, "0" * 64)
+    few = _conversations_in_parts(tmp_path / "few", 8, 32)
+    many = _conversations_in_parts(tmp_path / "many", 32, 32)
+
+    def peak(parts, keep: bool) -> tuple[int, int]:
+        kept, sequences = [], 0
+        tracemalloc.start()
+        for plan in planned_parts(parts, tokenizer, config, meta):
+            sequences += sum(len(shard.sequences) for shard in plan.shards)
+            if keep:
+                kept.append(plan)
+        _, highest = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return highest, sequences
+
+    peak(few, keep=False)  # the tokenizer's first-call caches are not what we measure
+    streamed_few, count_few = peak(few, keep=False)
+    streamed_many, count_many = peak(many, keep=False)
+    held_many, _ = peak(many, keep=True)
+    assert (count_few, count_many) == (256, 1024)
+    assert streamed_many < 1.3 * streamed_few, (streamed_few, streamed_many)
+    assert held_many > 2.5 * streamed_many, (streamed_many, held_many)
