@@ -32,7 +32,7 @@ from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.formats.shards import ShardMeta, ShardWriter  # noqa: E402
 from eagle3.formats.synthetic import iter_records  # noqa: E402
-from eagle3.stages.extract import _length_sorted_batches, _sequences, cut_batches, in_plan_order, layer_ids  # noqa: E402
+from eagle3.stages.extract import _sequences, cut_batches, in_plan_order, layer_ids, length_sorted_batches  # noqa: E402
 
 
 def plan_order_batches(sequences, batch_tokens: int) -> list[list[int]]:
@@ -81,13 +81,14 @@ def main() -> None:
             with ShardWriter(
                 folder / "shard-00000.e3sh", meta, config.compression_level, config.compression_threads
             ) as writer:
-                for sequence, hidden in in_plan_order(backend, sequences, batches):
+                for position, hidden in in_plan_order(backend, sequences, batches, list(range(len(sequences)))):
+                    sequence = sequences[position]
                     writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
 
         return write
 
     plan_batches = plan_order_batches(sequences, config.batch_tokens)
-    sorted_batches = _length_sorted_batches(sequences, config.batch_tokens)
+    sorted_batches = length_sorted_batches(sequences, config.batch_tokens)
     runs = {
         "naive (forward + torch.save per sample)": (naive, tokens),
         "stage, plan-order batches": (stage(plan_batches), padded_tokens(sequences, plan_batches)),

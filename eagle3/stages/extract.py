@@ -31,7 +31,7 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,7 +143,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
 
     parts = synthetic_parts(root, config.splits, read_json(manifest, ""))
     todo = [part for part in parts if part.index % world_size == rank and not _is_done(out, part)]
-    started, done_tokens = time.monotonic(), 0
+    started, extracted = time.monotonic(), Extracted()
     # Per rank, so ranks sharing the directory never remove each other's; left by a killed vllm run, never output.
     spool = root / VLLM_SPOOL / f"rank{rank}"
     shutil.rmtree(spool, ignore_errors=True)
@@ -168,10 +168,12 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
                 for plan in planned_parts(todo, tokenizer, config, meta):
                     remaining = [s for s in plan.shards if not (out / s.split / s.path_name).is_file()]
                     _check_disk(out, remaining, meta, config, len(todo) - bar.tasks[task].completed)
-                    for shard in remaining:
-                        done_tokens += _write_shard(backend, out, shard, meta, config)
+
+                    def made(shard: ShardPlan) -> None:
                         log.made(f"{shard.split}/{shard.path_name}")
-                        bar.update(task, description=f"extract (parts; {done_tokens:,} tokens)")
+                        bar.update(task, description=f"extract (parts; {extracted.tokens:,} tokens)")
+
+                    _write_shards(backend, out, plan, remaining, meta, config, made, extracted)
                     write_json(
                         out / plan.part.split / plan.part.done_name,
                         {"shards": [s.path_name for s in plan.shards], "counts": dict(sorted(plan.counts.items()))},
@@ -187,7 +189,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     if missing:
         step(f"extract: rank {rank}/{world_size} done; {len(missing)} parts still missing (other ranks): {missing[:4]}")
         return
-    _write_index_and_metrics(root, out, parts, meta, done_tokens, elapsed)
+    _write_index_and_metrics(root, out, parts, meta, extracted, elapsed)
 
 
 def synthetic_parts(root: Path, splits: list[str], manifest: dict[str, Any]) -> list[Part]:
@@ -280,19 +282,54 @@ def _sequences(
             yield sequence
 
 
-def _write_shard(
-    backend: HiddenStateCapture, out: Path, shard: ShardPlan, meta: ShardMeta, config: ExtractParams
-) -> int:
-    (out / shard.split).mkdir(parents=True, exist_ok=True)
-    tokens = 0
-    with ShardWriter(
-        out / shard.split / shard.path_name, meta, config.compression_level, config.compression_threads
-    ) as writer:
-        batches = _length_sorted_batches(shard.sequences, config.batch_tokens)
-        for sequence, hidden in in_plan_order(backend, shard.sequences, batches):
+@dataclass
+class Extracted:
+    tokens: int = 0
+    forward_passes: int = 0
+
+
+def _write_shards(
+    backend: HiddenStateCapture,
+    out: Path,
+    plan: PartPlan,
+    remaining: list[ShardPlan],
+    meta: ShardMeta,
+    config: ExtractParams,
+    made: Callable[[ShardPlan], None],
+    extracted: Extracted,
+) -> None:
+    """Write the `remaining` shards of a part. Batches come from the whole part (`part_batches`), so a shard's
+    bytes never depend on which of its neighbours were already done; a batch that holds none of the remaining
+    shards' sequences is not run, one that holds some also recomputes its others (discarded)."""
+    sequences = [sequence for shard in plan.shards for sequence in shard.sequences]
+    owner = [shard for shard in plan.shards for _ in shard.sequences]
+    wanted = {id(shard) for shard in remaining}
+    positions = [position for position, shard in enumerate(owner) if id(shard) in wanted]
+    batches = [
+        batch
+        for batch in part_batches(plan, config.batch_tokens, backend.pads_batches)
+        if any(id(owner[position]) in wanted for position in batch)
+    ]
+    (out / plan.part.split).mkdir(parents=True, exist_ok=True)
+    writer: ShardWriter | None = None
+    try:
+        for position, hidden in in_plan_order(backend, sequences, batches, positions):
+            shard, sequence = owner[position], sequences[position]
+            if writer is None:
+                writer = ShardWriter(
+                    out / shard.split / shard.path_name, meta, config.compression_level, config.compression_threads
+                )
             writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
-            tokens += len(sequence.input_ids)
-    return tokens
+            extracted.tokens += len(sequence.input_ids)
+            if sequence is shard.sequences[-1]:
+                writer.close()
+                writer = None
+                made(shard)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    extracted.forward_passes += len(batches)
 
 
 def _check_disk(out: Path, shards: list[ShardPlan], meta: ShardMeta, config: ExtractParams, parts_left: int) -> None:
@@ -314,10 +351,33 @@ def _check_disk(out: Path, shards: list[ShardPlan], meta: ShardMeta, config: Ext
         )
 
 
-def _length_sorted_batches(sequences: list[Sequence], batch_tokens: int) -> list[list[int]]:
-    """Positions in `sequences`, shortest first, cut into batches of up to `batch_tokens` padded tokens: a batch
-    pads to its longest sequence, so neighbours in length waste little (default data, batch_tokens 8192: 1.02x
-    padded tokens per real token, vs 1.55x in plan order)."""
+def part_batches(plan: PartPlan, batch_tokens: int, padded: bool) -> list[list[int]]:
+    """Batches of a part, as positions in its sequences (all shards, plan order). Padded batches (the `hf`
+    backend) are length-sorted within each shard: a batch pads to its longest sequence, so neighbours in length
+    waste little (default data, batch_tokens 8192: 1.02x padded tokens per real token, vs 1.55x in plan order), and
+    at most one shard's states wait to be written in plan order. Unpadded batches (`vllm`: no padding) are
+    consecutive in plan order across shard boundaries, `batch_tokens` real tokens each, so the engine is filled
+    however small the shards and one batch's states wait."""
+    if not padded:
+        batches, current, tokens, position = [], [], 0, 0
+        for shard in plan.shards:
+            for sequence in shard.sequences:
+                if current and tokens + len(sequence.input_ids) > batch_tokens:
+                    batches.append(current)
+                    current, tokens = [], 0
+                current.append(position)
+                tokens += len(sequence.input_ids)
+                position += 1
+        return batches + [current] if current else batches
+    batches, offset = [], 0
+    for shard in plan.shards:
+        batches += [[offset + i for i in batch] for batch in length_sorted_batches(shard.sequences, batch_tokens)]
+        offset += len(shard.sequences)
+    return batches
+
+
+def length_sorted_batches(sequences: list[Sequence], batch_tokens: int) -> list[list[int]]:
+    """Positions in `sequences`, shortest first, cut into batches of up to `batch_tokens` padded tokens."""
     return cut_batches(
         sequences, sorted(range(len(sequences)), key=lambda i: len(sequences[i].input_ids)), batch_tokens
     )
@@ -339,23 +399,28 @@ def cut_batches(sequences: list[Sequence], order: list[int], batch_tokens: int) 
 
 
 def in_plan_order(
-    backend: HiddenStateCapture, sequences: list[Sequence], batches: list[list[int]]
-) -> Iterator[tuple[Sequence, torch.Tensor]]:
-    """Run `batches` (positions in `sequences`) and hand on each sequence's states in plan order as soon as all
-    before it are done, so a shard's bytes depend only on data and params. Holds at most one shard's states."""
+    backend: HiddenStateCapture, sequences: list[Sequence], batches: list[list[int]], wanted: list[int]
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """Run `batches` (positions in `sequences`) and hand on the states of the `wanted` positions (ascending) in
+    that order, each as soon as all before it are done, so bytes depend only on data and params. Holds the states
+    of wanted positions computed ahead of their turn, and no others."""
+    keep = set(wanted)
     ready: dict[int, torch.Tensor] = {}
-    position = 0
+    upcoming = iter(wanted)
+    position = next(upcoming, None)
     for batch in batches:
         for index, hidden in zip(batch, backend.forward([sequences[i] for i in batch]), strict=True):
-            ready[index] = hidden
-        while position in ready:
-            yield sequences[position], ready.pop(position)
-            position += 1
+            if index in keep:
+                ready[index] = hidden
+        while position is not None and position in ready:
+            yield position, ready.pop(position)
+            position = next(upcoming, None)
 
 
 def _write_index_and_metrics(
-    root: Path, out: Path, parts: list[Part], meta: ShardMeta, done_tokens: int, elapsed: float
+    root: Path, out: Path, parts: list[Part], meta: ShardMeta, extracted: Extracted, elapsed: float
 ) -> None:
+    done_tokens = extracted.tokens
     shards: dict[str, list[Path]] = {}
     counts: Counter = Counter()
     for part in parts:
@@ -383,6 +448,11 @@ def _write_index_and_metrics(
                 "tokens": done_tokens,
                 "seconds": round(elapsed, 2),
                 "tokens_per_s": round(done_tokens / elapsed, 1) if done_tokens and elapsed > 0 else None,
+                # How full the engine was kept (the vllm backend's batches cross shard boundaries).
+                "forward_passes": extracted.forward_passes,
+                "tokens_per_forward_pass": round(done_tokens / extracted.forward_passes, 1)
+                if extracted.forward_passes
+                else None,
             },
             bool(done_tokens),
         ),

@@ -19,6 +19,9 @@ from eagle3.params.extract import ExtractParams
 
 
 class HiddenStateCapture(Protocol):
+    # Whether a batch costs its longest sequence x its size (padded tensors) or only its real tokens.
+    pads_batches: bool
+
     def forward(self, batch: list[Sequence]) -> list[torch.Tensor]: ...
 
     def close(self) -> None: ...

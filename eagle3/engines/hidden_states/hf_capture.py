@@ -13,6 +13,8 @@ from eagle3.chat.token_layout import Sequence
 
 
 class HfHiddenStates:
+    pads_batches = True
+
     def __init__(self, model_dir: Path, trust_remote_code: bool, layers: tuple[int, ...]):
         from transformers import AutoModel
 

@@ -89,6 +89,8 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 class VllmHiddenStates:
     """One vLLM engine for the whole stage; `forward(batch)` gives [layers, tokens, hidden] bf16 per sequence."""
 
+    pads_batches = False  # vLLM schedules the prompts' real tokens
+
     def __init__(self, request: CaptureRequest):
         engine = request.config.vllm
         # In-process engine core (eagle3/engines/vllm_env.py): this stage then drives every step, including the
