@@ -165,14 +165,14 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
         try:
             with progress() as bar:
                 task = bar.add_task("extract (parts)", total=len(todo))
+
+                def made(shard: ShardPlan) -> None:
+                    log.made(f"{shard.split}/{shard.path_name}")
+                    bar.update(task, description=f"extract (parts; {extracted.tokens:,} tokens)")
+
                 for plan in planned_parts(todo, tokenizer, config, meta):
                     remaining = [s for s in plan.shards if not (out / s.split / s.path_name).is_file()]
                     _check_disk(out, remaining, meta, config, len(todo) - bar.tasks[task].completed)
-
-                    def made(shard: ShardPlan) -> None:
-                        log.made(f"{shard.split}/{shard.path_name}")
-                        bar.update(task, description=f"extract (parts; {extracted.tokens:,} tokens)")
-
                     _write_shards(backend, out, plan, remaining, meta, config, made, extracted)
                     write_json(
                         out / plan.part.split / plan.part.done_name,
