@@ -2,9 +2,15 @@
 
 The loss mask marks what the verifier generated: each assistant turn's text
 (reasoning included, as the template renders it) up to and including its
-end-of-turn token. Spans come from the template itself, not from a hard-coded
-header string: for assistant turn i, the text between
-render(messages[:i], add_generation_prompt=True) and render(messages[:i+1]).
+end-of-turn token (the special token the template writes after a turn, e.g.
+`<|im_end|>`; not necessarily the tokenizer's EOS: Kimi's `[EOS]` is another).
+Spans come from the template itself, not from a hard-coded header string: for
+assistant turn i, the text between render(messages[:i],
+add_generation_prompt=True) and render(messages[:i+1]); a template whose turn
+does not extend its generation prompt is refused with one line. Token ids come
+from tokenizing the text piece by piece at those boundaries (the prompt, each
+generated turn), as the verifier saw them, so no offset mapping is needed:
+slow tokenizers (Kimi's tiktoken one) have none.
 
 When the template renders history the same way at every turn (the rendered
 conversation extends each turn's render), the conversation is one sequence
@@ -14,12 +20,14 @@ exact context the verifier saw when it generated that turn, with only that
 turn masked.
 """
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from eagle3.chat.reasoning import render
+from eagle3.errors import Eagle3Error
 
 
 @dataclass
@@ -45,42 +53,76 @@ def layout(
     assistant_turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not assistant_turns:
         return []
+    end_of_turn = end_of_turn_id(tokenizer, template_kwargs)
     full = render_turns(len(messages))
-    spans, prefix_stable = [], True
-    for turn in assistant_turns:
-        before = render_turns(turn, add_generation_prompt=True)
-        through = render_turns(turn + 1)
-        if not (through.startswith(before) and full.startswith(through)):
-            prefix_stable = False
-            break
-        spans.append((len(before), len(through)))
-    if prefix_stable:
-        return [_sequence(tokenizer, sample_id, full, spans, max_seq_len)]
-    sequences = []
+    turns = []
     for number, turn in enumerate(assistant_turns):
-        before = render_turns(turn, add_generation_prompt=True)
-        through = render_turns(turn + 1)
-        sequences.append(
-            _sequence(tokenizer, f"{sample_id}#{number}", through, [(len(before), len(through))], max_seq_len)
-        )
-    return sequences
+        before, through = render_turns(turn, add_generation_prompt=True), render_turns(turn + 1)
+        if not through.startswith(before):
+            raise Eagle3Error(
+                f"{sample_id}: the chat template renders assistant turn {number} otherwise than the generation prompt "
+                "it was generated from (the render with add_generation_prompt=True of the turns before it is not a "
+                "prefix of the render through it), so the generated tokens cannot be located; fix the template "
+                "(or generate.chat_template_kwargs) so that a turn extends its generation prompt"
+            )
+        turns.append((before, through))
+    if all(full.startswith(through) for _, through in turns):
+        spans = [(len(before), len(through)) for before, through in turns]
+        return [_sequence(tokenizer, sample_id, full, spans, end_of_turn, max_seq_len)]
+    # The template renders history otherwise than the turn saw it (e.g. it drops earlier turns' reasoning): each
+    # turn alone, in the exact context it was generated in.
+    return [
+        _sequence(tokenizer, f"{sample_id}#{number}", through, [(len(before), len(through))], end_of_turn, max_seq_len)
+        for number, (before, through) in enumerate(turns)
+    ]
 
 
-def _sequence(tokenizer: Any, sample_id: str, text: str, spans: list[tuple[int, int]], max_seq_len: int) -> Sequence:
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
-    mask = [False] * len(ids)
-    end_of_turn = {tokenizer.eos_token_id} - {None}
+_END_OF_TURN: dict[tuple[int, str], tuple[Any, int | None]] = {}
+
+
+def end_of_turn_id(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> int | None:
+    """The token that ends an assistant turn, as the chat template writes it: the first token after a turn's content
+    when it is a special token (`<|im_end|>`, `<|eot_id|>`; Kimi's `[EOS]` is not it), else the tokenizer's EOS."""
+    key = (id(tokenizer), json.dumps(template_kwargs or {}, sort_keys=True))
+    if key not in _END_OF_TURN:
+        marker = "Done."
+        probe = [{"role": "user", "content": "Ready?"}, {"role": "assistant", "content": marker}]
+        rendered = render(tokenizer, probe, template_kwargs=template_kwargs)
+        after = rendered[rendered.rindex(marker) + len(marker) :]
+        ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+        found = ids[0] if ids and ids[0] in set(tokenizer.all_special_ids) else tokenizer.eos_token_id
+        _END_OF_TURN[key] = (tokenizer, found)  # the tokenizer is kept so its id is never reused
+    return _END_OF_TURN[key][1]
+
+
+def _sequence(
+    tokenizer: Any,
+    sample_id: str,
+    text: str,
+    spans: list[tuple[int, int]],
+    end_of_turn: int | None,
+    max_seq_len: int,
+) -> Sequence:
+    """Token ids of `text` tokenized piece by piece, cut at the span boundaries: the prompt as it was sent and each
+    generated turn on its own, which is how the verifier saw them and needs no offset mapping (slow tokenizers,
+    Kimi's among them, have none). Masked: each span's tokens up to and including its end-of-turn token; template
+    text after it (a newline) is never generated by the verifier."""
+    ids: list[int] = []
+    mask: list[bool] = []
+    cursor = 0
     for start, end in spans:
-        inside = [j for j, (a, b) in enumerate(offsets) if a >= start and b <= end and b > a]
-        # Template text after the end-of-turn token (a newline) is never generated by the verifier.
-        stop = next((k for k, j in enumerate(inside) if ids[j] in end_of_turn), len(inside) - 1)
-        for j in inside[: stop + 1]:
-            mask[j] = True
-    truncated = len(ids) > max_seq_len
+        for piece, generated in ((text[cursor:start], False), (text[start:end], True)):
+            piece_ids = tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
+            stop = piece_ids.index(end_of_turn) + 1 if generated and end_of_turn in piece_ids else len(piece_ids)
+            ids += piece_ids
+            mask += [generated and position < stop for position in range(len(piece_ids))]
+        cursor = end
+    tail = tokenizer(text[cursor:], add_special_tokens=False)["input_ids"] if cursor < len(text) else []
+    ids += tail
+    mask += [False] * len(tail)
     return Sequence(
         sample_id,
         torch.tensor(ids[:max_seq_len], dtype=torch.int64),
         torch.tensor(mask[:max_seq_len], dtype=torch.bool),
-        truncated,
+        len(ids) > max_seq_len,
     )
