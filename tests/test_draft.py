@@ -8,8 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from eagle3.formats.exported_draft import check_draft, write_drafts
+from eagle3.formats.exported_draft import check_draft, load_exported_draft, write_drafts
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.params.train import DraftAttention
 from eagle3.stages.vocab import mapping, select
 
 from conftest import eagle3
@@ -31,8 +32,8 @@ VERIFIER = {
 }
 
 
-def tiny_draft(seed: int = 0) -> Eagle3Draft:
-    config = DraftConfig.from_verifier(VERIFIER, (2, 6, 9), draft_vocab_size=40)
+def tiny_draft(seed: int = 0, attention: DraftAttention | None = None) -> Eagle3Draft:
+    config = DraftConfig.from_verifier(VERIFIER, (2, 6, 9), draft_vocab_size=40, attention=attention)
     draft = Eagle3Draft(config)
     generator = torch.Generator().manual_seed(seed)
     draft.init_weights(generator)
@@ -188,7 +189,11 @@ def _edit_tensors(directory, **changes):
             lambda d: _edit_config(d, max_position_embeddings=128),
             "max_position_embeddings is 128, must be >= the verifier's 256",
         ),
-        (lambda d: _edit_config(d, num_key_value_heads=4), "num_key_value_heads is 4, the verifier needs 2"),
+        (
+            lambda d: _edit_config(d, num_key_value_heads=3),
+            "config num_key_value_heads 3 must be a positive divisor of num_attention_heads 4",
+        ),
+        (lambda d: _edit_config(d, hidden_size=48), "config hidden_size is 48, the verifier needs 32"),
         (lambda d: _edit_tensors(d, d2t=torch.arange(0, 40).float()), "tensor d2t has dtype float32, expected int64"),
         # A dtype the contract never uses is named as safetensors stores it, not mistaken for another.
         (
@@ -216,3 +221,82 @@ def test_validate_draft_names_each_mismatch_in_one_line(exported, breakage, expe
 def test_validate_draft_accepts_a_valid_export(exported):
     result = eagle3(exported, "validate-draft", "draft", "--verifier", "verifier")
     assert "valid EAGLE-3 draft" in result.stdout
+
+
+# DeepSeek-V3 / Kimi-K2.5's text config, abridged: MLA's numbers (128 heads, qk_rope_head_dim 64, YaRN) say nothing
+# about a Llama draft layer.
+KIMI_TEXT = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "head_dim": 64,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "intermediate_size": 18432,
+    "num_hidden_layers": 61,
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
+    "rope_theta": 50000.0,
+    "rope_scaling": {"type": "yarn", "factor": 64.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+}
+
+
+def test_draft_shape_from_the_verifier_or_train_attention():
+    llama = DraftConfig.from_verifier(VERIFIER, (2, 6, 9), 40)
+    assert (llama.num_attention_heads, llama.num_key_value_heads, llama.head_dim) == (4, 2, 8)
+    assert llama.rope == {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}  # verbatim
+
+    # An MLA verifier, plain or wrapped multimodally: the published Kimi-K2.5 draft shape.
+    for config in (KIMI_TEXT, {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": KIMI_TEXT}):
+        kimi = DraftConfig.from_verifier(config, (2, 30, 58), 32000)
+        assert (kimi.num_attention_heads, kimi.num_key_value_heads, kimi.head_dim) == (64, 64, 128)
+        assert kimi.rope == {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+        assert (kimi.hidden_size, kimi.vocab_size) == (7168, 163840)
+
+    chosen = DraftConfig.from_verifier(
+        KIMI_TEXT, (2, 30, 58), 32000, attention=DraftAttention(num_attention_heads=32, head_dim=96)
+    )
+    assert (chosen.num_attention_heads, chosen.num_key_value_heads, chosen.head_dim) == (32, 32, 96)
+    yarn = DraftConfig.from_verifier(
+        VERIFIER, (2, 6, 9), 40, attention=DraftAttention(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    )
+    assert yarn.rope == {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}
+    plain = DraftConfig.from_verifier(KIMI_TEXT | {"kv_lora_rank": None} | {"rope_parameters": None}, (2,), 8)
+    assert plain.rope == {"rope_theta": 50000.0, "rope_scaling": KIMI_TEXT["rope_scaling"]}
+    unscaled = DraftConfig.from_verifier(
+        {k: v for k, v in KIMI_TEXT.items() if k != "kv_lora_rank"},
+        (2,),
+        8,
+        attention=DraftAttention(rope_scaling="none"),
+    )
+    assert unscaled.rope == {"rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}
+
+
+def test_validate_draft_accepts_an_attention_shape_of_its_own(tmp_path):
+    """A draft with 2 heads x 16 (the verifier has 4 x 8) is valid: only hidden size and vocabulary are shared.
+    Reloaded, it is the same model (evaluate's offline estimate reads it this way)."""
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps(VERIFIER))
+    draft = tiny_draft(attention=DraftAttention(num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    d2t, t2d = mapping(torch.arange(0, 80, 2), 100)
+    write_drafts(
+        draft,
+        d2t,
+        t2d,
+        tmp_path / "draft",
+        tmp_path / "speculators",
+        dtype="float32",
+        num_speculative_tokens=3,
+        verifier_name="tiny/verifier",
+        verifier_architectures=["LlamaForCausalLM"],
+    )
+    assert check_draft(tmp_path / "draft", verifier) == []
+    reloaded, _ = load_exported_draft(tmp_path / "draft")
+    assert (reloaded.config.num_attention_heads, reloaded.config.head_dim) == (2, 16)
+    original = draft.state_dict()
+    projections = [name for name in reloaded.state_dict() if name.endswith("_proj.weight")]
+    assert len(projections) == 7  # q, k, v, o and the MLP's three
+    for name in projections:
+        assert torch.equal(reloaded.state_dict()[name], original[name].float()), name

@@ -125,19 +125,13 @@ def _write(directory: Path, config: dict[str, Any], tensors: dict[str, torch.Ten
     write_json(directory / CONFIG, config)
 
 
-def load_exported_draft(draft_dir: Path, verifier_dir: Path) -> tuple[Eagle3Draft, torch.Tensor]:
+def load_exported_draft(draft_dir: Path) -> tuple[Eagle3Draft, torch.Tensor]:
     """A vLLM-format draft as a float32 model (fc's input scale already folded in) and its d2t."""
     config = read_config(draft_dir, "export the draft first (`dvc repro export`)")
     tensors = load_file(str(draft_dir / WEIGHTS))
     d2t = tensors.pop("d2t")
     tensors.pop("t2d")
-    draft_config = DraftConfig.from_verifier(
-        read_config(verifier_dir),
-        tuple(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
-        config["draft_vocab_size"],
-        config["intermediate_size"],
-    )
-    draft = Eagle3Draft(draft_config)
+    draft = Eagle3Draft(DraftConfig.from_exported(config))
     draft.load_state_dict({**{k: v.float() for k, v in tensors.items()}, "aux_scale": torch.ones_like(draft.aux_scale)})
     return draft.eval(), d2t
 
@@ -211,20 +205,20 @@ def check_draft(draft_dir: Path, verifier_dir: Path) -> list[str]:
     config, prefix, aux, problems = _load_config(draft_dir)
     verifier = text_config(read_config(verifier_dir, "--verifier must be the verifier's Hugging Face model directory"))
     layers = verifier["num_hidden_layers"]
-    verifier_heads = verifier["num_attention_heads"]
-    expect = {
-        "hidden_size": verifier["hidden_size"],
-        "vocab_size": verifier["vocab_size"],
-        "num_attention_heads": verifier_heads,
-        "num_key_value_heads": verifier.get("num_key_value_heads") or verifier_heads,
-        "head_dim": verifier.get("head_dim") or verifier["hidden_size"] // verifier_heads,
-        "num_hidden_layers": 1,
-    }
+    # The draft's attention shape is its own (train.attention; an MLA verifier's differs from it by design): it
+    # must be consistent in itself and with its tensors, and meet the verifier where they exchange data.
+    expect = {"hidden_size": verifier["hidden_size"], "vocab_size": verifier["vocab_size"], "num_hidden_layers": 1}
     shape_problems = [
         f"config {key} is {config.get(key)!r}, the verifier needs {value!r}"
         for key, value in expect.items()
         if config.get(key) != value
     ]
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads", heads)
+    if not all(isinstance(n, int) and n > 0 for n in (heads, kv_heads)) or heads % kv_heads:
+        shape_problems.append(
+            f"config num_key_value_heads {kv_heads!r} must be a positive divisor of num_attention_heads {heads!r}"
+        )
     problems += shape_problems
     if config.get("tie_word_embeddings", True):
         problems.append(

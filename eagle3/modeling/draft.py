@@ -35,11 +35,14 @@ from torch.utils.checkpoint import checkpoint
 from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config
 from eagle3.modeling.attention import ttt_attention
+from eagle3.params.train import DraftAttention
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 
 # Config keys copied verbatim from the verifier so rope (incl. scaling such as YaRN) is computed identically.
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
+# An MLA verifier's draft (train.attention's docs): the shape of published Kimi-K2.5 drafts.
+MLA_HEAD_DIM, MLA_HIDDEN_PER_HEAD, MLA_ROPE_THETA = 128, 112, 1e6
 
 
 @dataclass(frozen=True)
@@ -64,15 +67,38 @@ class DraftConfig:
         aux_layer_ids: tuple[int, ...],
         draft_vocab_size: int,
         intermediate_size: int | None = None,
+        attention: DraftAttention | None = None,
     ) -> "DraftConfig":
+        """The draft for this verifier: its hidden size, vocabulary and MLP width; attention and rope as
+        `attention` (train.attention) says, each null derived from the verifier."""
         text = text_config(verifier_config)
+        attention = attention or DraftAttention()
         try:
-            hidden, heads = text["hidden_size"], text["num_attention_heads"]
+            hidden = text["hidden_size"]
+            if text.get("kv_lora_rank"):  # MLA: its head counts and rope describe MLA, not a Llama layer
+                derived_heads = max(1, hidden // MLA_HIDDEN_PER_HEAD)
+                derived = (derived_heads, derived_heads, MLA_HEAD_DIM)
+                verifier_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": MLA_ROPE_THETA}}
+            else:
+                verifier_heads = text["num_attention_heads"]
+                derived = (
+                    verifier_heads,
+                    text.get("num_key_value_heads") or verifier_heads,
+                    text.get("head_dim") or hidden // verifier_heads,
+                )
+                verifier_rope = {key: text[key] for key in ROPE_KEYS if text.get(key) is not None}
+            heads = attention.num_attention_heads or derived[0]
+            kv_heads = attention.num_key_value_heads or (derived[1] if heads == derived[0] else heads)
+            if heads % kv_heads:
+                raise Eagle3Error(
+                    f"train.attention: {kv_heads} KV heads (derived from the verifier) do not divide "
+                    f"num_attention_heads {heads}; set train.attention.num_key_value_heads"
+                )
             return cls(
                 hidden_size=hidden,
                 num_attention_heads=heads,
-                num_key_value_heads=text.get("num_key_value_heads") or heads,
-                head_dim=text.get("head_dim") or hidden // heads,
+                num_key_value_heads=kv_heads,
+                head_dim=attention.head_dim or derived[2],
                 intermediate_size=intermediate_size or text["intermediate_size"],
                 rms_norm_eps=text.get("rms_norm_eps", 1e-6),
                 hidden_act=text.get("hidden_act", "silu"),
@@ -80,10 +106,28 @@ class DraftConfig:
                 draft_vocab_size=draft_vocab_size,
                 max_position_embeddings=text["max_position_embeddings"],
                 aux_layer_ids=tuple(aux_layer_ids),
-                rope={key: text[key] for key in ROPE_KEYS if text.get(key) is not None},
+                rope=_rope(verifier_rope, attention),
             )
         except KeyError as exc:
             raise Eagle3Error(f"verifier config.json: missing {exc.args[0]!r}, needed to shape the draft") from None
+
+    @classmethod
+    def from_exported(cls, config: dict[str, Any]) -> "DraftConfig":
+        """The shape an exported vLLM EAGLE-3 draft's config.json states (eagle3/formats/exported_draft.py)."""
+        return cls(
+            hidden_size=config["hidden_size"],
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config["num_key_value_heads"],
+            head_dim=config["head_dim"],
+            intermediate_size=config["intermediate_size"],
+            rms_norm_eps=config["rms_norm_eps"],
+            hidden_act=config["hidden_act"],
+            vocab_size=config["vocab_size"],
+            draft_vocab_size=config["draft_vocab_size"],
+            max_position_embeddings=config["max_position_embeddings"],
+            aux_layer_ids=tuple(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+            rope={key: config[key] for key in ROPE_KEYS if config.get(key) is not None},
+        )
 
     def llama_config(self):
         """A transformers LlamaConfig with the draft's shape, for rope and the MLP."""
@@ -109,6 +153,24 @@ class DraftConfig:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "DraftConfig":
         return cls(**{**data, "aux_layer_ids": tuple(data["aux_layer_ids"])})
+
+
+def _rope(verifier_rope: dict[str, Any], attention: DraftAttention) -> dict[str, Any]:
+    """The draft's rope config keys: the verifier's own (verbatim) unless train.attention sets theta or scaling;
+    then transformers' `rope_parameters` built from the verifier's values and the overrides."""
+    if attention.rope_theta is None and attention.rope_scaling is None:
+        return verifier_rope
+    base = dict(verifier_rope.get("rope_parameters") or verifier_rope.get("rope_scaling") or {})
+    theta = attention.rope_theta or base.get("rope_theta") or verifier_rope.get("rope_theta") or MLA_ROPE_THETA
+    if attention.rope_scaling == "none":
+        scaling: dict[str, Any] = {}
+    elif isinstance(attention.rope_scaling, dict):
+        scaling = dict(attention.rope_scaling)
+    else:
+        scaling = {key: value for key, value in base.items() if key != "rope_theta"}
+    rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
+    scaling.pop("type", None)
+    return {"rope_parameters": {"rope_type": rope_type, **scaling, "rope_theta": theta}}
 
 
 class RMSNorm(nn.Module):

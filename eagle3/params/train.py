@@ -1,6 +1,6 @@
 """params.yaml `train:` — the EAGLE-3 draft and how it is trained."""
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -23,6 +23,29 @@ class LaunchParams(Section):
     def _rendezvous_when_several_nodes(self) -> "LaunchParams":
         if self.nodes > 1 and not self.rendezvous:
             raise ValueError(f"rendezvous: nodes is {self.nodes}; give the host:port the machines meet at")
+        return self
+
+
+class DraftAttention(Section):
+    """The draft layer's attention shape and rope; each null is derived from the verifier (modeling/draft.py
+    `DraftConfig.from_verifier`): a Llama-style verifier's own heads, KV heads, head_dim and rope (copied verbatim,
+    YaRN included); for an MLA verifier (DeepSeek-V3, Kimi: its config has kv_lora_rank), whose numbers describe
+    MLA rather than a Llama layer, the shape published Kimi-K2.5 drafts use: head_dim 128, hidden_size // 112
+    heads (64 at Kimi's 7,168) and as many KV heads, rope_theta 1e6, no rope scaling."""
+
+    num_attention_heads: PositiveInt | None = None
+    # null: the derived value when num_attention_heads is derived too, else num_attention_heads (no grouping).
+    num_key_value_heads: PositiveInt | None = None
+    head_dim: PositiveInt | None = None
+    rope_theta: float | None = Field(None, gt=0)
+    # none: no scaling; a mapping: transformers rope parameters (rope_type, factor, ...); null: derived.
+    rope_scaling: Literal["none"] | dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _kv_heads_divide_heads(self) -> "DraftAttention":
+        heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
+        if heads is not None and kv_heads is not None and heads % kv_heads:
+            raise ValueError(f"num_key_value_heads {kv_heads} must divide num_attention_heads {heads}")
         return self
 
 
@@ -50,6 +73,7 @@ class TrainParams(Section):
     activation_checkpointing: bool = execution_only(False)
     # MLP width of the draft layer; null: the verifier's intermediate_size.
     intermediate_size: PositiveInt | None = None
+    attention: DraftAttention = DraftAttention()
     checkpoint_every: PositiveInt = execution_only(100)
     keep_checkpoints: PositiveInt = execution_only(2)
     log_every: PositiveInt = execution_only(10)

@@ -127,7 +127,7 @@ def offline_estimate(root: Path, steps: int, limits: OfflineEstimate) -> dict[st
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shards = split_shards(root, "heldout")
-    draft, d2t = load_exported_draft(root / DRAFT_DIR, verifier_dir(root))
+    draft, d2t = load_exported_draft(root / DRAFT_DIR)
     draft.to(device=device, dtype=dtype)
     verifier = load_verifier_tensors(verifier_dir(root))
     embed = torch.nn.Embedding.from_pretrained(verifier.pop("embed").to(device=device, dtype=dtype))

@@ -76,7 +76,11 @@ def build(root: Path, config: TrainParams, provenance: Provenance) -> tuple[Draf
     index = read_index(root)
     d2t, t2d = load_vocab(root)
     draft_config = DraftConfig.from_verifier(
-        read_config(verifier_dir(root)), tuple(index["layer_ids"][:-1]), len(d2t), config.intermediate_size
+        read_config(verifier_dir(root)),
+        tuple(index["layer_ids"][:-1]),
+        len(d2t),
+        config.intermediate_size,
+        config.attention,
     )
     if index["layer_ids"][-1] != provenance.num_hidden_layers:
         raise Eagle3Error(
