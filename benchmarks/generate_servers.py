@@ -74,18 +74,6 @@ async def part_level(backend: OpenAIBackend, parts: list[Chunk], on_done) -> Non
                     in_flight.add(asyncio.create_task(part(client, following)))
 
 
-def mean_in_flight(timeline: list[tuple[float, int, dict | None]], start: float, end: float) -> float:
-    total, count, last = 0.0, 0, start
-    for moment, in_flight, _ in timeline:
-        if moment > end:
-            break
-        if moment > start:
-            total += count * (moment - last)
-            last = moment
-        count = in_flight
-    return (total + count * (end - last)) / (end - start)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", type=int, default=12)
@@ -124,7 +112,7 @@ def main() -> None:
                 asyncio.run(part_level(backend, parts, finished.append))
             seconds = time.monotonic() - start
             requests = len(server.requests)
-            busy = mean_in_flight(server.in_flight, server.in_flight[0][0], server.in_flight[-1][0])
+            busy = server.mean_in_flight(server.in_flight[0][0], server.in_flight[-1][0])
         outputs[label] = sorted((c.index, [conv.messages for conv in c.conversations]) for c in finished)
         rates[label] = requests / seconds
         print(

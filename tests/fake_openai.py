@@ -64,6 +64,18 @@ class FakeServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
+    def mean_in_flight(self, start: float, end: float) -> float:
+        """Time-weighted mean of the requests being answered over [start, end] (time.monotonic())."""
+        total, count, last = 0.0, 0, start
+        for moment, answering, _ in self.in_flight:
+            if moment > end:
+                break
+            if moment > start:
+                total += count * (moment - last)
+                last = moment
+            count = answering
+        return (total + count * (end - last)) / (end - start)
+
     def __enter__(self) -> "FakeServer":
         return self
 

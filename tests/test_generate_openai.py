@@ -266,19 +266,6 @@ def _answer(body: dict) -> tuple[int, dict]:
     return completion(f"reply #{len(body['messages'])} to {body['messages'][-1]['content'][:30]}")
 
 
-def _mean_in_flight(timeline: list[tuple[float, int, dict | None]], start: float, end: float) -> float:
-    """Time-weighted mean of the server's in-flight count over [start, end]."""
-    total, count, last = 0.0, 0, start
-    for moment, in_flight, _ in timeline:
-        if moment > end:
-            break
-        if moment > start:
-            total += count * (moment - last)
-            last = moment
-        count = in_flight
-    return (total + count * (end - last)) / (end - start)
-
-
 def test_skewed_latencies_keep_requests_in_flight_at_concurrency(verifier_project, tmp_path):
     """A few very slow conversations (the first of four train parts) must not hold back the others: requests in
     flight stay at `concurrency` until the last conversation has started, and the output equals a run without skew.
@@ -298,7 +285,7 @@ def test_skewed_latencies_keep_requests_in_flight_at_concurrency(verifier_projec
     reached = next(moment for moment, n, _ in timeline if n == concurrency)
     last_start = max(moment for moment, _, body in timeline if body is not None and _is_first_turn(body))
     assert last_start - reached > 2.0  # the slow requests fall inside the measured span
-    assert _mean_in_flight(timeline, reached, last_start) >= concurrency - 0.5
+    assert server.mean_in_flight(reached, last_start) >= concurrency - 0.5
 
     with FakeServer(_answer) as steady:
         plain = project(tmp_path / "steady", verifier_project, _params(_openai(steady.url, concurrency=concurrency)))
