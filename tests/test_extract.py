@@ -358,3 +358,21 @@ def test_planning_memory_does_not_grow_with_the_conversations(verifier_project, 
     assert (count_few, count_many) == (256, 1024)
     assert streamed_many < 1.3 * streamed_few, (streamed_few, streamed_many)
     assert held_many > 2.5 * streamed_many, (streamed_many, held_many)
+
+
+def test_a_default_that_repeats_a_layer_is_refused():
+    """(2, N//2, N-3) repeats layer 3 at N = 6 (the Kimi-shaped miniature's depth): one line naming the fix."""
+    from types import SimpleNamespace
+
+    from eagle3.errors import Eagle3Error
+    from eagle3.params.extract import ExtractParams
+    from eagle3.stages.extract import layer_ids
+
+    six = SimpleNamespace(num_hidden_layers=6, default_aux_layer_ids=(2, 3, 3))
+    with pytest.raises(Eagle3Error) as caught:
+        layer_ids(ExtractParams(), six)
+    assert str(caught.value) == (
+        "extract.aux_layer_ids: the verifier's default [2, 3, 3] ((2, N//2, N-3) at N = 6) repeats a layer; set "
+        "extract.aux_layer_ids to distinct layers"
+    )
+    assert layer_ids(ExtractParams(aux_layer_ids=[1, 3, 4]), six) == (1, 3, 4, 6)

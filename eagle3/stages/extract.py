@@ -107,6 +107,11 @@ def layer_ids(config: ExtractParams, provenance: Provenance) -> tuple[int, ...]:
     aux = config.aux_layer_ids or provenance.default_aux_layer_ids
     if max(aux) >= layers:
         raise Eagle3Error(f"extract.aux_layer_ids: {aux} must be < {layers} (the verifier's layer count)")
+    if len(set(aux)) != len(aux):  # only the default can repeat one (params refuse it): (2, N//2, N-3) at N <= 7
+        raise Eagle3Error(
+            f"extract.aux_layer_ids: the verifier's default {list(aux)} ((2, N//2, N-3) at N = {layers}) repeats a "
+            "layer; set extract.aux_layer_ids to distinct layers"
+        )
     return (*aux, layers)
 
 
