@@ -30,9 +30,15 @@ sys.path.insert(0, str(ROOT))
 from eagle3.config import load_params  # noqa: E402
 from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
-from eagle3.formats.shards import ShardMeta, ShardWriter  # noqa: E402
+from eagle3.formats.shards import ShardWriter  # noqa: E402
 from eagle3.formats.synthetic import iter_records  # noqa: E402
-from eagle3.stages.extract import _sequences, cut_batches, in_plan_order, layer_ids, length_sorted_batches  # noqa: E402
+from eagle3.stages.extract import (  # noqa: E402
+    _sequences,
+    cut_batches,
+    in_plan_order,
+    length_sorted_batches,
+    shard_meta,
+)
 
 
 def plan_order_batches(sequences, batch_tokens: int) -> list[list[int]]:
@@ -61,9 +67,7 @@ def main() -> None:
     )
     if len(sequences) < args.samples:
         raise SystemExit(f"need {args.samples} sequences in data/synthetic/{args.split}; run `dvc repro generate`")
-    meta = ShardMeta(
-        provenance.name, layer_ids(config, provenance), provenance.hidden_size, provenance.tokenizer_sha256
-    )
+    meta = shard_meta(config, provenance)
     backend = HfHiddenStates(verifier_dir(args.root), provenance.trust_remote_code, meta.layer_ids)
     tokens = sum(len(s.input_ids) for s in sequences)
     backend.forward(sequences[:2])  # first-call allocations and kernel selection are not what we measure

@@ -25,15 +25,14 @@ from eagle3.config import load_params  # noqa: E402
 from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
 from eagle3.files import read_json  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
-from eagle3.formats.shards import ShardMeta  # noqa: E402
 from eagle3.formats.synthetic import read_part  # noqa: E402
 from eagle3.paths import SYNTHETIC_MANIFEST  # noqa: E402
 from eagle3.stages.extract import (  # noqa: E402
     Extracted,
     _write_shards,
-    layer_ids,
     plan_part,
     planned_parts,
+    shard_meta,
     synthetic_parts,
 )
 
@@ -62,9 +61,7 @@ def main() -> None:
     config = load_params(args.root / "params.yaml").extract
     provenance = read_provenance(args.root)
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir(args.root))
-    meta = ShardMeta(
-        provenance.name, layer_ids(config, provenance), provenance.hidden_size, provenance.tokenizer_sha256
-    )
+    meta = shard_meta(config, provenance)
     manifest = read_json(args.root / SYNTHETIC_MANIFEST, "run `dvc repro generate` first")
     parts = synthetic_parts(args.root, [args.split], manifest)[: args.parts]
     backend = HfHiddenStates(verifier_dir(args.root), provenance.trust_remote_code, meta.layer_ids)

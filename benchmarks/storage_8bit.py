@@ -34,6 +34,7 @@ from eagle3.paths import (
     VERIFIER_DIR,
     VOCAB_DIR,
 )
+from eagle3.stages.extract import raw_bytes_per_token
 
 LINKED = (VERIFIER_DIR, PREPARED_DIR, VOCAB_DIR)
 
@@ -57,7 +58,7 @@ def reencode(root: Path, work: Path, storage: str) -> dict[str, float]:
             stored += target.stat().st_size
             splits.setdefault(split, []).append(target)
     write_index(work / HIDDEN_DIR, meta, splits)
-    raw = len(meta.layer_ids) * meta.hidden_size * 2
+    raw = raw_bytes_per_token(meta)
     return {"bytes_per_token": stored / tokens, "ratio_to_raw": raw * tokens / stored}
 
 

@@ -119,24 +119,29 @@ def test_export_folds_the_input_scale_into_fc():
     assert torch.allclose(aux @ exported["fc.weight"].T, draft.fc(aux / draft.aux_scale), rtol=1e-4, atol=1e-4)
 
 
-@pytest.fixture
-def exported(tmp_path):
-    verifier = tmp_path / "verifier"
+def export_beside_verifier(directory, draft: Eagle3Draft, dtype: str) -> None:
+    """`directory`/verifier (VERIFIER's config) and the draft exported to `directory`/draft and /speculators, with
+    every even token of the first 80 as its vocabulary."""
+    verifier = directory / "verifier"
     verifier.mkdir()
     (verifier / "config.json").write_text(json.dumps(VERIFIER))
-    chosen = torch.arange(0, 80, 2)
-    d2t, t2d = mapping(chosen, 100)
+    d2t, t2d = mapping(torch.arange(0, 80, 2), 100)
     write_drafts(
-        tiny_draft(),
+        draft,
         d2t,
         t2d,
-        tmp_path / "draft",
-        tmp_path / "speculators",
-        dtype="bfloat16",
+        directory / "draft",
+        directory / "speculators",
+        dtype=dtype,
         num_speculative_tokens=3,
         verifier_name="tiny/verifier",
         verifier_architectures=["LlamaForCausalLM"],
     )
+
+
+@pytest.fixture
+def exported(tmp_path):
+    export_beside_verifier(tmp_path, tiny_draft(), "bfloat16")
     return tmp_path
 
 
@@ -276,23 +281,9 @@ def test_draft_shape_from_the_verifier_or_train_attention():
 def test_validate_draft_accepts_an_attention_shape_of_its_own(tmp_path):
     """A draft with 2 heads x 16 (the verifier has 4 x 8) is valid: only hidden size and vocabulary are shared.
     Reloaded, it is the same model (evaluate's offline estimate reads it this way)."""
-    verifier = tmp_path / "verifier"
-    verifier.mkdir()
-    (verifier / "config.json").write_text(json.dumps(VERIFIER))
     draft = tiny_draft(attention=DraftAttention(num_attention_heads=2, num_key_value_heads=1, head_dim=16))
-    d2t, t2d = mapping(torch.arange(0, 80, 2), 100)
-    write_drafts(
-        draft,
-        d2t,
-        t2d,
-        tmp_path / "draft",
-        tmp_path / "speculators",
-        dtype="float32",
-        num_speculative_tokens=3,
-        verifier_name="tiny/verifier",
-        verifier_architectures=["LlamaForCausalLM"],
-    )
-    assert check_draft(tmp_path / "draft", verifier) == []
+    export_beside_verifier(tmp_path, draft, "float32")
+    assert check_draft(tmp_path / "draft", tmp_path / "verifier") == []
     reloaded, _ = load_exported_draft(tmp_path / "draft")
     assert (reloaded.config.num_attention_heads, reloaded.config.head_dim) == (2, 16)
     original = draft.state_dict()

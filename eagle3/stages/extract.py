@@ -115,6 +115,22 @@ def layer_ids(config: ExtractParams, provenance: Provenance) -> tuple[int, ...]:
     return (*aux, layers)
 
 
+def shard_meta(config: ExtractParams, provenance: Provenance) -> ShardMeta:
+    """What every shard this config makes from this verifier says about itself."""
+    return ShardMeta(
+        provenance.name,
+        layer_ids(config, provenance),
+        provenance.hidden_size,
+        provenance.tokenizer_sha256,
+        storage=config.storage,
+    )
+
+
+def raw_bytes_per_token(meta: ShardMeta) -> int:
+    """The captured layers of one token in bf16, before any compression."""
+    return len(meta.layer_ids) * meta.hidden_size * 2
+
+
 def run(params: Params, root: Path, options: argparse.Namespace | None = None) -> None:
     config = params.extract
     rank, world_size = (getattr(options, "rank", 0), getattr(options, "world_size", 1))
@@ -124,13 +140,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     manifest = root / SYNTHETIC_MANIFEST
     if not manifest.is_file():
         raise Eagle3Error(f"{manifest}: missing; run `dvc repro generate` first")
-    meta = ShardMeta(
-        provenance.name,
-        layer_ids(config, provenance),
-        provenance.hidden_size,
-        provenance.tokenizer_sha256,
-        storage=config.storage,
-    )
+    meta = shard_meta(config, provenance)
     out = root / HIDDEN_DIR
     settings = {
         "shard_format": VERSION,
@@ -256,7 +266,7 @@ def plan_part(
 ) -> PartPlan:
     """A part's sequences in prepared order, cut into shards whenever their raw states reach shard_raw_mb."""
     plan = PartPlan(part, [])
-    per_token = len(meta.layer_ids) * meta.hidden_size * 2
+    per_token = raw_bytes_per_token(meta)
     current, size = [], 0
     for sequence in _sequences(records, tokenizer, config, plan.counts):
         current.append(sequence)
@@ -343,7 +353,7 @@ def _check_disk(out: Path, shards: list[ShardPlan], meta: ShardMeta, config: Ext
     if config.ignore_disk_check or not shards:
         return
     tokens = sum(len(s.input_ids) for shard in shards for s in shard.sequences)
-    per_token = len(meta.layer_ids) * meta.hidden_size * 2
+    per_token = raw_bytes_per_token(meta)
     ratio = EXPECTED_RATIO[meta.storage]
     needed = tokens * per_token / ratio * parts_left
     free = shutil.disk_usage(out).free
@@ -433,7 +443,7 @@ def _write_index_and_metrics(
         shards.setdefault(part.split, []).extend(out / part.split / name for name in record["shards"])
         counts.update(record["counts"])
     totals = write_index(out, meta, shards)
-    per_token = len(meta.layer_ids) * meta.hidden_size * 2
+    per_token = raw_bytes_per_token(meta)
     metrics = {
         "samples": totals["samples"],
         "tokens": totals["tokens"],
