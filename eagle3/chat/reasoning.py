@@ -4,7 +4,12 @@ Two shapes reach us. A server with a reasoning parser returns it in a separate
 field (`reasoning`, formerly `reasoning_content`); a model served without one
 returns it inline, as `<think>...</think>` at the start of the content. Both are
 kept as the verifier produced them: the separate field in the turn's
-`reasoning`, the inline form untouched in `content`. When a conversation is
+`reasoning`, the inline form untouched in `content`. A third comes from the
+offline engines when the template itself opens the block in the generation
+prompt (Kimi-K2.5, DeepSeek-R1: the prompt ends in `<think>`): the answer
+starts inside the reasoning, and `split_opened_reasoning` splits it the way
+vLLM's reasoning parsers do, so the rendered turn is the text the verifier
+generated rather than `<think></think>` plus its reasoning as the answer. When a conversation is
 rendered, assistant turns carry both `reasoning` and `reasoning_content`, the
 two names vLLM's renderer gives chat templates, so each template keeps or drops
 the reasoning exactly as it does in serving.
@@ -20,6 +25,31 @@ _INLINE = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
 def inline_reasoning(content: str) -> str | None:
     match = _INLINE.match(content)
     return match[1] if match else None
+
+
+THINK_END = "</think>"
+
+
+def opens_reasoning(prompt: str) -> bool:
+    """The rendered generation prompt ends inside an open `<think>` block: the answer begins with reasoning."""
+    return prompt.rfind("<think>") > prompt.rfind(THINK_END)
+
+
+def split_opened_reasoning(tokenizer: Any, token_ids: list[int], text: str) -> tuple[str, str]:
+    """(content, reasoning) of an answer generated after an opened `<think>`: reasoning up to the first `</think>`,
+    content after it; an answer that never closes the block (cut at max_tokens) is all reasoning. Split on the
+    token ids where `</think>` is one token, since it may be a special token the decoded `text` leaves out."""
+    end = tokenizer.convert_tokens_to_ids(THINK_END)
+    if isinstance(end, int) and tokenizer.convert_ids_to_tokens(end) == THINK_END:
+        if end not in token_ids:
+            return "", text
+        cut = token_ids.index(end)
+        return (
+            tokenizer.decode(token_ids[cut + 1 :], skip_special_tokens=True),
+            tokenizer.decode(token_ids[:cut], skip_special_tokens=True),
+        )
+    reasoning, closed, content = text.partition(THINK_END)
+    return (content, reasoning) if closed else ("", text)
 
 
 def reasoning_format(content: str, reasoning: str | None) -> str | None:

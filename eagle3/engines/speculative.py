@@ -17,6 +17,7 @@ and, only if it is wrong, replaces it with the same computation in torch (`_repa
 """
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,8 @@ class Engine:
     dtype: str = "bfloat16"
     trust_remote_code: bool = False
     seed: int = 0
+    # VLLM_MLA_DISABLE=1: an MLA verifier runs as plain attention (eagle3/stages/evaluate.py says when).
+    disable_mla: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,8 @@ def _engine_device() -> str:
 def _child(request_path: Path, result_path: Path) -> None:
     request = json.loads(request_path.read_text(encoding="utf-8"))
     engine = Engine(**request["engine"])
+    if engine.disable_mla:
+        os.environ["VLLM_MLA_DISABLE"] = "1"
     prepare_environment(engine.cpu_kvcache_space_gib)
     vllm = import_vllm("evaluate")
     speculation = Speculation(**request["speculation"]) if request["speculation"] else None

@@ -33,3 +33,9 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     """The language model's config: `text_config` where the model nests one, else the config itself."""
     nested = config.get("text_config")
     return nested if isinstance(nested, dict) and nested else config
+
+
+def uses_mla(text: dict[str, Any]) -> bool:
+    """Multi-head latent attention (DeepSeek-V3, Kimi-K2.5): its head counts and rope describe MLA, not a Llama
+    layer, and vLLM runs it on backends of its own."""
+    return bool(text.get("kv_lora_rank"))

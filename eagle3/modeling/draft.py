@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from eagle3.errors import Eagle3Error
-from eagle3.formats.hf_config import text_config
+from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.modeling.attention import ttt_attention
 from eagle3.params.train import DraftAttention
 
@@ -75,7 +75,7 @@ class DraftConfig:
         attention = attention or DraftAttention()
         try:
             hidden = text["hidden_size"]
-            if text.get("kv_lora_rank"):  # MLA: its head counts and rope describe MLA, not a Llama layer
+            if uses_mla(text):
                 derived_heads = max(1, hidden // MLA_HIDDEN_PER_HEAD)
                 derived = (derived_heads, derived_heads, MLA_HEAD_DIM)
                 verifier_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": MLA_ROPE_THETA}}

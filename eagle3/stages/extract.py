@@ -57,8 +57,9 @@ from eagle3.resume import measured_run, resume_or_reset
 # 1.48x; the fp8 ones: benchmarks/storage_8bit.py), rounded down.
 EXPECTED_RATIO = {"bf16-lossless": 1.4, "fp8-aux": 1.9, "fp8": 2.2, "fp8-compact": 2.5}
 # Bump when the same inputs and params give other shard bytes (2: length-sorted batches, zstd hash_log 10; 3: shards
-# planned per synthetic part), so the run key changes and shards made by older code are discarded, never mixed.
-EXTRACTION_VERSION = 3
+# planned per synthetic part; 4: a turn cut at max_tokens masked only through its generated tokens), so the run key
+# changes and shards made by older code are discarded, never mixed.
+EXTRACTION_VERSION = 4
 
 
 class Params(StageParams):
@@ -286,7 +287,14 @@ def _sequences(
         if record["status"] != "ok":
             counts[f"skipped_{record['skip_reason']}"] += 1
             continue
-        made = layout(tokenizer, record["id"], record["messages"], config.max_seq_len, record["chat_template_kwargs"])
+        made = layout(
+            tokenizer,
+            record["id"],
+            record["messages"],
+            config.max_seq_len,
+            record["chat_template_kwargs"],
+            record["turns"],
+        )
         if not made:
             counts["skipped_empty_conversation"] += 1
         for sequence in made:

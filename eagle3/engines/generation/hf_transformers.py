@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.reasoning import render
+from eagle3.chat.reasoning import opens_reasoning, render, split_opened_reasoning
 from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult, drive_batched
 from eagle3.formats.provenance import Provenance
 from eagle3.params.generate import GenerateParams
@@ -25,6 +25,11 @@ class TransformersBackend:
             model_dir, dtype=getattr(torch, provenance.dtype), trust_remote_code=trust
         ).eval()
         self.max_len = provenance.max_position_embeddings
+        # generate() stops at any of the generation config's EOS ids: the end-of-turn token (Kimi's <|im_end|>) as
+        # well as the tokenizer's EOS.
+        configured = self.model.generation_config.eos_token_id
+        configured = configured if isinstance(configured, list) else [configured]
+        self.stop_ids = {token for token in (*configured, self.tokenizer.eos_token_id) if token is not None}
 
     def process(self, chunks: Iterable[Chunk], on_done: Callable[[Chunk], None]) -> None:
         drive_batched(chunks, self.generate, on_done)
@@ -60,15 +65,18 @@ class TransformersBackend:
                     pad_token_id=self.tokenizer.pad_token_id,
                 )
             width = encoded["input_ids"].shape[1]
-            for row, prompt_tokens in zip(output, lengths, strict=True):
+            for row, prompt_tokens, prompt in zip(output, lengths, prompts, strict=True):
                 new = row[width:].tolist()
-                eos = self.tokenizer.eos_token_id
-                stopped = eos in new
-                new = new[: new.index(eos)] if stopped else new
+                stop = next((i for i, token in enumerate(new) if token in self.stop_ids), None)
+                stopped = stop is not None
+                new = new[:stop] if stopped else new
+                content, reasoning = self.tokenizer.decode(new, skip_special_tokens=True), None
+                if opens_reasoning(prompt):
+                    content, reasoning = split_opened_reasoning(self.tokenizer, new, content)
                 results.append(
                     TurnResult(
-                        content=self.tokenizer.decode(new, skip_special_tokens=True),
-                        reasoning=None,
+                        content=content,
+                        reasoning=reasoning,
                         finish_reason="stop" if stopped else "length",
                         prompt_tokens=prompt_tokens,
                         completion_tokens=len(new) + (1 if stopped else 0),

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.reasoning import render, template_messages
+from eagle3.chat.reasoning import opens_reasoning, render, split_opened_reasoning, template_messages
 from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult, drive_batched
 from eagle3.engines.vllm_env import engine_args, import_vllm, prepare_environment
 from eagle3.formats.provenance import Provenance
@@ -44,13 +44,15 @@ class VllmBackend:
 
     def generate(self, requests: list[TurnRequest]) -> list[TurnResult | Skip]:
         results: list[TurnResult | Skip | None] = [None] * len(requests)
-        runnable = []
+        runnable, opened = [], set()
         for position, request in enumerate(requests):
             prompt = render(self.tokenizer, request.messages, True, self.config.chat_template_kwargs)
             if len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]) >= self.max_model_len:
                 results[position] = Skip("prompt_too_long")
             else:
                 runnable.append(position)
+                if opens_reasoning(prompt):
+                    opened.add(position)
         if runnable:
             sampling = self.config.sampling
             outputs = self.llm.chat(
@@ -69,9 +71,12 @@ class VllmBackend:
             )
             for position, output in zip(runnable, outputs, strict=True):
                 completion = output.outputs[0]
+                content, reasoning = completion.text, None
+                if position in opened:
+                    content, reasoning = split_opened_reasoning(self.tokenizer, list(completion.token_ids), content)
                 results[position] = TurnResult(
-                    content=completion.text,
-                    reasoning=None,
+                    content=content,
+                    reasoning=reasoning,
                     finish_reason=completion.finish_reason,
                     prompt_tokens=len(output.prompt_token_ids),
                     completion_tokens=len(completion.token_ids),
