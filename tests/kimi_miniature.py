@@ -12,8 +12,9 @@ respect the pipeline touches, at a size a 2-core CPU runs.
 - Chat template: Kimi-style; the last assistant turn renders its reasoning in `<think>...</think>`, earlier turns'
   reasoning is dropped (`<think></think>`); the generation prompt opens `<think>` (or closes it at once with
   `thinking=False`).
-- `wrapper=True`: the config wrapped as Kimi-K2.5's multimodal one (`KimiK25ForConditionalGeneration`,
-  `text_config`), for the stages that read configs.
+- `wrapper=True`: wrapped as Kimi-K2.5's multimodal checkpoint (`KimiK25ForConditionalGeneration`, the text
+  model's config in `text_config`, its weights under `language_model.`, a MoonViT `vision_config` and an image
+  preprocessor config, no vision weights), for the stages that read configs and weights.
 
 Deterministic: the same seed gives the same bytes.
 """
@@ -31,6 +32,7 @@ SPECIAL_TOKENS = [
     "<|im_middle|>",
     "<think>",
     "</think>",
+    "<|media_pad|>",
 ]
 # Kimi's pre-tokenizer split (letters, numbers in groups of up to 3, punctuation, whitespace), simplified.
 SPLIT_PATTERN = (
@@ -265,17 +267,55 @@ def build(out: Path, repo: Path, seed: int = 0, wrapper: bool = False) -> Path:
         )
     )
     if wrapper:
-        config = json.loads((out / "config.json").read_text())
-        (out / "config.json").write_text(
-            json.dumps(
-                {
-                    "architectures": ["KimiK25ForConditionalGeneration"],
-                    "model_type": "kimi_k25",
-                    "text_config": config,
-                    "vision_config": {"model_type": "moonvit"},
-                    "torch_dtype": "bfloat16",
-                },
-                indent=2,
-            )
-        )
+        _wrap_as_kimi_k25(out, special_id["<|media_pad|>"])
     return out
+
+
+def _wrap_as_kimi_k25(out: Path, media_pad_id: int) -> None:
+    """What Kimi-K2.5's checkpoint has around its language model: the multimodal config (`text_config`, a MoonViT
+    `vision_config`, the media placeholder token), an image preprocessor config, and the language model's weights
+    under `language_model.` (no vision weights: every stage here is text-only)."""
+    from safetensors.torch import load_file, save_file
+
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for file in sorted(set(index["weight_map"].values())):
+        tensors = load_file(out / file)
+        save_file({f"language_model.{name}": t for name, t in tensors.items()}, out / file, metadata={"format": "pt"})
+    index["weight_map"] = {f"language_model.{name}": file for name, file in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index, indent=2))
+    text = json.loads((out / "config.json").read_text())
+    wrapped = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text,
+        "vision_config": {
+            "model_type": "moonvit",
+            "patch_size": 14,
+            "init_pos_emb_height": 8,
+            "init_pos_emb_width": 8,
+            "num_attention_heads": 2,
+            "num_hidden_layers": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "merge_kernel_size": [2, 2],
+            "mm_hidden_size": 32,
+            "text_hidden_size": text["hidden_size"],
+        },
+        "image_token_id": media_pad_id,
+        "torch_dtype": "bfloat16",
+    }
+    (out / "config.json").write_text(json.dumps(wrapped, indent=2))
+    processor = {
+        "merge_kernel_size": [2, 2],
+        "temporal_merge_kernel_size": 4,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "patch_size": 14,
+        "in_patch_limit": 1024,
+        "in_patch_limit_each_frame": 1024,
+        "in_patch_limit_video": 1024,
+        "patch_limit_on_one_side": 64,
+        "fixed_output_tokens": None,
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": processor}, indent=2))

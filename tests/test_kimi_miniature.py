@@ -8,6 +8,7 @@ import pytest
 import torch
 from kimi_miniature import SPECIAL_TOKENS, build, shipped_texts
 
+from eagle3.chat.reasoning import opens_reasoning, split_opened_reasoning
 from eagle3.chat.token_layout import end_of_turn_id, layout
 from eagle3.errors import Eagle3Error
 
@@ -32,7 +33,7 @@ def _digests(folder: Path) -> dict[str, str]:
 
 def test_miniature_is_deterministic_and_shaped_like_kimi(miniature, tmp_path):
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     assert _digests(build(tmp_path / "again", REPO)) == _digests(miniature)
     index = json.loads((miniature / "model.safetensors.index.json").read_text())["weight_map"]
@@ -49,8 +50,20 @@ def test_miniature_is_deterministic_and_shaped_like_kimi(miniature, tmp_path):
     states = model(torch.tensor([[1, 2, 3]]), output_hidden_states=True).hidden_states
     assert len(states) == config["num_hidden_layers"] + 1 and states[-1].shape == (1, 3, 256)
 
-    wrapped = json.loads((build(tmp_path / "wrapped", REPO, wrapper=True) / "config.json").read_text())
+    wrapped_dir = build(tmp_path / "wrapped", REPO, wrapper=True)
+    wrapped = json.loads((wrapped_dir / "config.json").read_text())
     assert wrapped["architectures"] == ["KimiK25ForConditionalGeneration"] and wrapped["text_config"] == config
+    assert wrapped["image_token_id"] == AutoTokenizer.from_pretrained(
+        miniature, trust_remote_code=True
+    ).convert_tokens_to_ids("<|media_pad|>")
+    wrapped_index = json.loads((wrapped_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    assert wrapped_index == {f"language_model.{name}": file for name, file in index.items()}  # as Kimi-K2.5's
+    with (
+        safe_open(wrapped_dir / index[bias_name], "pt") as weights,
+        safe_open(miniature / index[bias_name], "pt") as plain,
+    ):
+        assert torch.equal(weights.get_tensor(f"language_model.{bias_name}"), plain.get_tensor(bias_name))
+    assert "media_proc_cfg" in json.loads((wrapped_dir / "preprocessor_config.json").read_text())
 
 
 def test_tokenizer_is_a_slow_tiktoken_one_like_kimis(tokenizer):
@@ -112,3 +125,49 @@ def test_a_template_whose_turn_does_not_extend_its_prompt_is_one_clear_error(tok
         "sample-7: the chat template renders assistant turn 0 otherwise than the generation prompt it was generated "
         "from"
     )
+
+
+def test_a_turn_cut_at_max_tokens_is_masked_only_through_what_it_generated(tokenizer):
+    """A turn that ran out of max_tokens never generated the `<|im_end|>` the template ends it with, nor, cut inside
+    its reasoning, the `</think>`: neither is a training target (both were before extraction 4)."""
+    user = CONVERSATION[0]
+
+    def masked(answer: dict, finish_reason: str, completion_tokens: int) -> str:
+        turns = [{"finish_reason": finish_reason, "completion_tokens": completion_tokens}]
+        (sequence,) = layout(tokenizer, "s", [user, {"role": "assistant", **answer}], 512, None, turns)
+        return _masked(tokenizer, sequence)
+
+    reasoning = {"content": "", "reasoning": "Any colour will"}
+    generated = len(tokenizer("Any colour will", add_special_tokens=False)["input_ids"])
+    assert masked(reasoning, "length", generated) == "Any colour will"
+    # Re-tokenized text can come out shorter than what was generated: the template's </think> is still not masked.
+    assert masked(reasoning, "length", generated + 2) == "Any colour will"
+    assert masked(reasoning, "length", 2) == tokenizer.decode(tokenizer("Any colour will")["input_ids"][:2])
+    assert masked(reasoning, "stop", generated + 2) == "Any colour will</think><|im_end|>"
+    # Cut after the reasoning closed: the </think> was generated, the <|im_end|> was not.
+    answered = {"content": "Blue, or", "reasoning": "Any."}
+    assert masked(answered, "length", 32) == "Any.</think>Blue, or"
+    # Only special tokens generated (they decode to nothing): nothing to learn from.
+    assert masked({"content": "", "reasoning": ""}, "length", 32) == ""
+    with pytest.raises(Eagle3Error, match="^s: 1 assistant turns but 2 turn records; the synthetic record is damaged"):
+        layout(tokenizer, "s", [user, {"role": "assistant", **reasoning}], 512, None, [{}, {}])
+
+
+def test_an_answer_generated_inside_an_opened_think_block_is_split_as_vllms_parsers_do(tokenizer):
+    """Kimi's generation prompt ends in `<think>`: the offline engines' text is reasoning up to `</think>` (a special
+    token, absent from the decoded text), content after it; unclosed, all of it is reasoning."""
+    prompt = tokenizer.apply_chat_template(CONVERSATION[:1], tokenize=False, add_generation_prompt=True)
+    assert opens_reasoning(prompt)
+    assert not opens_reasoning(
+        tokenizer.apply_chat_template(CONVERSATION[:1], tokenize=False, add_generation_prompt=True, thinking=False)
+    )
+    ids = tokenizer("Any colour.</think>Blue.", add_special_tokens=False)["input_ids"]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    assert text == "Any colour.Blue."  # what vLLM returns: the boundary is only in the ids
+    assert split_opened_reasoning(tokenizer, ids, text) == ("Blue.", "Any colour.")
+    unclosed = tokenizer("Any colour", add_special_tokens=False)["input_ids"]
+    assert split_opened_reasoning(tokenizer, unclosed, "Any colour") == ("", "Any colour")
+    # Rendered back, the split turn is exactly the text generated after the prompt.
+    turn = {"role": "assistant", "content": "Blue.", "reasoning": "Any colour."}
+    (sequence,) = layout(tokenizer, "s", [CONVERSATION[0], turn], 512)
+    assert sequence.input_ids[sequence.loss_mask].tolist() == ids + [end_of_turn_id(tokenizer)]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3.errors import Eagle3Error
 from eagle3.formats.provenance import verifier_dir
 
 from conftest import eagle3, make_project, smoke_params
@@ -90,6 +91,16 @@ def test_local_verifier_is_referenced_not_copied(verifier_project, tmp_path):
     for key in ("config_sha256", "tokenizer_sha256", "chat_template_sha256", "weight_headers_sha256", "hidden_size"):
         assert provenance[key] == embedded[key], key
     assert verifier_dir(root) == local.resolve()
+
+    # The directory moved after the verifier stage: later stages say so in one line instead of transformers
+    # taking the path for a hub id.
+    local.rename(local.with_name("moved"))
+    with pytest.raises(Eagle3Error) as caught:
+        verifier_dir(root)
+    assert str(caught.value) == (
+        f"verifier.source.path: {local.resolve()} (as the verifier stage recorded it) is not a directory; mount or "
+        "copy the verifier there, or point verifier.source.path at it and run `dvc repro verifier`"
+    )
 
 
 def test_local_verifier_rerun_is_byte_identical_and_tracks_changes(verifier_project, tmp_path):

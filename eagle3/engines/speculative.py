@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.engines.vllm_env import engine_args, import_vllm, prepare_environment
+from eagle3.engines.vllm_env import import_vllm, prepare_environment, start_engine
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
 
@@ -164,19 +164,19 @@ def _child(request_path: Path, result_path: Path) -> None:
     prepare_environment(engine.cpu_kvcache_space_gib)
     vllm = import_vllm("evaluate")
     speculation = Speculation(**request["speculation"]) if request["speculation"] else None
-    llm = vllm.LLM(
-        **engine_args(
-            engine.verifier,
-            dtype=engine.dtype,
-            max_model_len=engine.max_model_len,
-            tensor_parallel_size=engine.tensor_parallel_size,
-            gpu_memory_utilization=engine.gpu_memory_utilization,
-            enforce_eager=engine.enforce_eager,
-            trust_remote_code=engine.trust_remote_code,
-            seed=engine.seed,
-            disable_log_stats=False,
-            speculative_config=speculation.vllm_config() if speculation else None,
-        )
+    llm = start_engine(
+        vllm,
+        "evaluate",
+        engine.verifier,
+        dtype=engine.dtype,
+        max_model_len=engine.max_model_len,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        enforce_eager=engine.enforce_eager,
+        trust_remote_code=engine.trust_remote_code,
+        seed=engine.seed,
+        disable_log_stats=False,
+        speculative_config=speculation.vllm_config() if speculation else None,
     )
     from vllm.v1.sample import rejection_sampler
 

@@ -8,9 +8,11 @@ parallel workers still get processes of their own.
 """
 
 import os
+from pathlib import Path
 from typing import Any
 
 from eagle3.errors import Eagle3Error
+from eagle3.formats.hf_config import read_config, text_config
 
 
 def prepare_environment(cpu_kvcache_space_gib: int) -> None:
@@ -32,7 +34,9 @@ def import_vllm(who: str) -> Any:
     return vllm
 
 
-def engine_args(
+def start_engine(
+    vllm: Any,
+    who: str,
     model_dir: str,
     *,
     dtype: str,
@@ -42,9 +46,16 @@ def engine_args(
     enforce_eager: bool,
     trust_remote_code: bool,
     **extra: Any,
-) -> dict[str, Any]:
-    """The `vllm.LLM` arguments every engine here shares; `extra` adds the engine's own (seed, speculation...)."""
-    return {
+) -> Any:
+    """A `vllm.LLM` with the arguments every engine here shares; `extra` adds the engine's own (seed,
+    speculation...). vLLM failing to start is reported as one line with its own error.
+
+    A multimodal wrapper (Kimi-K2.5: KimiK25ForConditionalGeneration, its language model in `text_config`) runs
+    with language_model_only: every stage here reads and writes text, and the vision tower is never loaded."""
+    config = read_config(Path(model_dir), "the verifier must be a Hugging Face model directory")
+    if text_config(config) is not config:
+        extra = {"language_model_only": True, **extra}
+    arguments = {
         "model": model_dir,
         "tokenizer": model_dir,
         "dtype": dtype,
@@ -55,3 +66,21 @@ def engine_args(
         "trust_remote_code": trust_remote_code,
         **extra,
     }
+    try:
+        return vllm.LLM(**arguments)
+    except Exception as exc:  # vLLM's own failure, whatever its type: one line that names it
+        message = " ".join(str(exc).split())[:500]
+        hint = ""
+        if "language_model_only" in extra and not _has_cuda():
+            hint = (
+                "; vLLM's CPU build cannot start a multimodal wrapper (text_config) with the engine core in-process, "
+                "as these stages run it (its CPU platform's triton kernel overrides fail; README \"Hero run on "
+                'Kimi-K2.5"): on CPU rehearse with the plain text checkpoint; GPUs do not take that path'
+            )
+        raise Eagle3Error(f"{who}: vLLM could not start {model_dir}: {type(exc).__name__}: {message}{hint}") from None
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

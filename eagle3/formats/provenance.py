@@ -130,7 +130,13 @@ def verifier_dir(root: Path) -> Path:
     """Where the verifier's HF files are: the converted copy, or the referenced local directory."""
     source = read_provenance(root).source
     if isinstance(source, LocalOrigin):
-        return (root / source.path).resolve()
+        model_dir = (root / source.path).resolve()
+        if not model_dir.is_dir():
+            raise Eagle3Error(
+                f"verifier.source.path: {model_dir} (as the verifier stage recorded it) is not a directory; mount or "
+                "copy the verifier there, or point verifier.source.path at it and run `dvc repro verifier`"
+            )
+        return model_dir
     return root / VERIFIER_DIR
 
 

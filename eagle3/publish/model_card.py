@@ -185,6 +185,13 @@ def render(
         "had "
         "a draft. Output tokens/s depend on the machine that ran the evaluation.",
     ]
+    mla = evaluation.get("mla") or {}
+    if mla.get("disabled"):
+        body += [
+            "",
+            f"The verifier's multi-head latent attention was not used in these runs ({mla.get('reason')}): the "
+            "figures are those of the same weights computed as plain attention, not of the serving configuration.",
+        ]
     if lossless:
         identical = sum(run["lossless_identical"] for run in lossless)
         total = sum(run.get("prompts") or 0 for run in lossless)

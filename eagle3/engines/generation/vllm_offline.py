@@ -12,7 +12,7 @@ from typing import Any
 
 from eagle3.chat.reasoning import opens_reasoning, render, split_opened_reasoning, template_messages
 from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult, drive_batched
-from eagle3.engines.vllm_env import engine_args, import_vllm, prepare_environment
+from eagle3.engines.vllm_env import import_vllm, prepare_environment, start_engine
 from eagle3.formats.provenance import Provenance
 from eagle3.params.generate import GenerateParams
 
@@ -25,17 +25,17 @@ class VllmBackend:
         self._sampling_params = vllm.SamplingParams
         self.config = config
         self.max_model_len = engine.max_model_len
-        self.llm = vllm.LLM(
-            **engine_args(
-                str(model_dir),
-                dtype=provenance.dtype,
-                max_model_len=engine.max_model_len,
-                tensor_parallel_size=engine.tensor_parallel_size,
-                gpu_memory_utilization=engine.gpu_memory_utilization,
-                enforce_eager=engine.enforce_eager,
-                trust_remote_code=provenance.trust_remote_code,
-                seed=config.sampling.seed,
-            )
+        self.llm = start_engine(
+            vllm,
+            "generate",
+            str(model_dir),
+            dtype=provenance.dtype,
+            max_model_len=engine.max_model_len,
+            tensor_parallel_size=engine.tensor_parallel_size,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            enforce_eager=engine.enforce_eager,
+            trust_remote_code=provenance.trust_remote_code,
+            seed=config.sampling.seed,
         )
         self.tokenizer = self.llm.get_tokenizer()
 

@@ -34,7 +34,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 
 from eagle3.chat.token_layout import Sequence
 from eagle3.engines.hidden_states.base import CaptureRequest
-from eagle3.engines.vllm_env import engine_args, import_vllm, prepare_environment
+from eagle3.engines.vllm_env import import_vllm, prepare_environment, start_engine
 from eagle3.errors import Eagle3Error
 from eagle3.files import atomic_path
 from eagle3.formats.hf_weights import final_norm
@@ -104,28 +104,28 @@ class VllmHiddenStates:
         self.norm_weight, self.norm_eps = final_norm(request.model_dir)
         self.sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0)
         self.spool.mkdir(parents=True, exist_ok=True)
-        self.llm = vllm.LLM(
-            **engine_args(
-                str(request.model_dir),
-                dtype="bfloat16",  # as the hf backend: shards hold bf16 states computed in bf16
-                max_model_len=request.config.max_seq_len + 1,
-                tensor_parallel_size=engine.tensor_parallel_size,
-                gpu_memory_utilization=engine.gpu_memory_utilization,
-                enforce_eager=engine.enforce_eager,
-                trust_remote_code=request.provenance.trust_remote_code,
-                enable_prefix_caching=False,
-                speculative_config={
-                    "method": "extract_hidden_states",
-                    "num_speculative_tokens": 1,
-                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.captured}},
-                },
-                kv_transfer_config={
-                    "kv_connector": CONNECTOR,
-                    "kv_connector_module_path": __name__,
-                    "kv_role": "kv_producer",
-                    "kv_connector_extra_config": {"shared_storage_path": str(self.spool)},
-                },
-            )
+        self.llm = start_engine(
+            vllm,
+            "extract",
+            str(request.model_dir),
+            dtype="bfloat16",  # as the hf backend: shards hold bf16 states computed in bf16
+            max_model_len=request.config.max_seq_len + 1,
+            tensor_parallel_size=engine.tensor_parallel_size,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            enforce_eager=engine.enforce_eager,
+            trust_remote_code=request.provenance.trust_remote_code,
+            enable_prefix_caching=False,
+            speculative_config={
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.captured}},
+            },
+            kv_transfer_config={
+                "kv_connector": CONNECTOR,
+                "kv_connector_module_path": __name__,
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": str(self.spool)},
+            },
         )
 
     def forward(self, batch: list[Sequence]) -> list[torch.Tensor]:
