@@ -97,7 +97,7 @@ def test_every_stage_runs_on_the_kimi_shaped_miniature(kimi_repro, tmp_path):
     headline = metrics["headline"]["tokens_per_step_greedy"]
     assert headline > 1.5, "the draft must be accepted: the random verifier's answers are repetitive"
     # The offline estimate (HF bf16 states with MLA, every held-out turn) and vLLM (float32 without MLA, first
-    # turns) agree within the precision and population they differ in; a misaligned estimate is ~1.0.
+    # turns) differ in precision and population only: measured 1.79 vs 1.75.
     offline = metrics["offline_estimate"]
     assert abs(offline["gap"]) <= 0.2 * headline, offline
     card = (root / "models/draft/README.md").read_text()
@@ -133,7 +133,8 @@ def check_vllm_extraction_matches_hf(root: Path, copy: Path) -> None:
             assert b["id"] == a["id"] and torch.equal(b["input_ids"], a["input_ids"])
             assert torch.equal(b["loss_mask"], a["loss_mask"]) and b["hidden"].shape == a["hidden"].shape
             errors = [_relative_error(b["hidden"][k], a["hidden"][k]) for k in range(4)]
-            # Measured: <= 4% (MoE routing flips on near-tied random gates in bf16); swapped layers are >= 40%.
+            # Measured on these 56 sequences: layer 1 <= 0.5%, deeper layers <= 5.6% (MoE routing flips on near-tied
+            # random gates in bf16); two layers swapped differ by >= 53%.
             assert max(errors) < 0.1 and _relative_error(b["hidden"][1], a["hidden"][2]) > 0.3, (a["id"], errors)
 
 
