@@ -171,3 +171,38 @@ def test_an_answer_generated_inside_an_opened_think_block_is_split_as_vllms_pars
     turn = {"role": "assistant", "content": "Blue.", "reasoning": "Any colour."}
     (sequence,) = layout(tokenizer, "s", [CONVERSATION[0], turn], 512)
     assert sequence.input_ids[sequence.loss_mask].tolist() == ids + [end_of_turn_id(tokenizer)]
+
+
+def test_transformers_backend_stops_at_any_end_of_turn_id_and_splits_opened_reasoning(miniature, tmp_path):
+    """The fallback backend: generate() stops at every EOS id of the generation config (Kimi's <|im_end|> besides
+    [EOS]), and so must the answer it records; the template opened <think>, so the answer is reasoning."""
+    import shutil
+    from types import SimpleNamespace
+
+    from eagle3.engines.generation.base import TurnRequest
+    from eagle3.engines.generation.hf_transformers import TransformersBackend
+    from eagle3.params.generate import GenerateParams
+
+    verifier = SimpleNamespace(dtype="float32", trust_remote_code=True, max_position_embeddings=4096)
+    config = GenerateParams.model_validate({"backend": "transformers", "sampling": {"max_tokens": 12}})
+    request = TurnRequest(messages=[CONVERSATION[0]], seed=0)
+    unstopped = TransformersBackend(config, miniature, verifier)
+    free = unstopped.generate([request])[0]
+    assert (free.finish_reason, free.content, free.completion_tokens) == ("length", "", 12)
+    prompt = unstopped.tokenizer.apply_chat_template([CONVERSATION[0]], add_generation_prompt=True, tokenize=False)
+    encoded = unstopped.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        generated = unstopped.model.generate(**encoded, max_new_tokens=12, do_sample=False)
+    ids = generated[0, encoded["input_ids"].shape[1] :].tolist()
+    assert free.reasoning == unstopped.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # A model whose end of turn is the third token it generates (for the random miniature, any token will do).
+    stop_token = ids[2]
+    stopping = tmp_path / "stopping"
+    shutil.copytree(miniature, stopping)
+    generation = json.loads((stopping / "generation_config.json").read_text())
+    (stopping / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [stop_token]}))
+    stopped = TransformersBackend(config, stopping, verifier).generate([request])[0]
+    before = ids[: ids.index(stop_token)]
+    assert stopped.finish_reason == "stop" and stopped.completion_tokens == len(before) + 1
+    assert (stopped.content, stopped.reasoning) == ("", unstopped.tokenizer.decode(before, skip_special_tokens=True))
