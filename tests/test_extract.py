@@ -315,6 +315,7 @@ def _conversations_in_parts(folder, parts: int, per_part: int) -> list:
                     {"role": "assistant", "content": f"Answer {index}.{row}: " + "Rayleigh scattering. " * 12},
                 ],
                 "chat_template_kwargs": {},
+                "turns": [{"finish_reason": "stop", "completion_tokens": 37}],
             }
             for row in range(per_part)
         ]
