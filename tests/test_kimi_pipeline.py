@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from kimi_miniature import build
+from test_extract import _relative_error
 from test_pipeline import _run
 from transformers import AutoTokenizer
 
@@ -162,10 +163,6 @@ def check_two_processes_train_the_same_draft(root: Path, copy: Path) -> None:
     assert len(one) == len(two) > 10
     for a, b in zip(one, two, strict=True):
         assert abs(a - b) <= 1e-4 * abs(a), (one, two)
-
-
-def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
 
 
 def test_the_kimi_k25_wrapper_reads_as_its_text_model_and_vllm_cpu_refuses_it_in_one_line(kimi_repro, tmp_path):

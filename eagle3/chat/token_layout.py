@@ -74,12 +74,11 @@ def layout(
             f"{sample_id}: {len(assistant_turns)} assistant turns but {len(turn_records)} turn records; the "
             "synthetic record is damaged: regenerate it (delete its part under data/synthetic and rerun generate)"
         )
-    cut_at = [
-        Cut(record["completion_tokens"], before_content=messages[turn]["content"] == "")
-        if record["finish_reason"] == "length"
-        else None
-        for turn, record in zip(assistant_turns, turn_records or [], strict=False)
-    ] or [None] * len(assistant_turns)
+    cut_at: list[Cut | None] = [None] * len(assistant_turns)
+    for number, record in enumerate(turn_records or []):
+        if record["finish_reason"] == "length":
+            content = messages[assistant_turns[number]]["content"]
+            cut_at[number] = Cut(record["completion_tokens"], before_content=content == "")
     full = render_turns(len(messages))
     turns = []
     for number, turn in enumerate(assistant_turns):

@@ -17,10 +17,8 @@ from eagle3.formats.hf_config import read_config, text_config
 
 def prepare_environment(cpu_kvcache_space_gib: int) -> None:
     """Call before importing vllm: its environment is read at import time."""
-    import torch
-
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if not torch.cuda.is_available():
+    if on_cpu_build():
         # vLLM's CPU build sizes its KV cache from this variable, not from gpu_memory_utilization.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kvcache_space_gib))
 
@@ -71,7 +69,7 @@ def start_engine(
     except Exception as exc:  # vLLM's own failure, whatever its type: one line that names it
         message = " ".join(str(exc).split())[:500]
         hint = ""
-        if "language_model_only" in extra and not _has_cuda():
+        if "language_model_only" in extra and on_cpu_build():
             hint = (
                 "; vLLM's CPU build cannot start a multimodal wrapper (text_config) with the engine core in-process, "
                 "as these stages run it (its CPU platform's triton kernel overrides fail; README \"Hero run on "
@@ -80,7 +78,8 @@ def start_engine(
         raise Eagle3Error(f"{who}: vLLM could not start {model_dir}: {type(exc).__name__}: {message}{hint}") from None
 
 
-def _has_cuda() -> bool:
+def on_cpu_build() -> bool:
+    """No CUDA device: the engines here run on vLLM's CPU build (vllm-cpu)."""
     import torch
 
-    return torch.cuda.is_available()
+    return not torch.cuda.is_available()

@@ -39,6 +39,7 @@ from eagle3.engines.served_speculation import Retries, Served, ServerClient, che
 from eagle3.engines.server_access import auth_headers
 from eagle3.engines.speculative import Engine, Request, Sampling, Speculation
 from eagle3.engines.speculative import run as run_engine
+from eagle3.engines.vllm_env import on_cpu_build
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
 from eagle3.files import atomic_path, write_json, write_text
@@ -285,7 +286,7 @@ def mla_in_vllm(model_dir: Path) -> dict[str, Any] | None:
     still compares like with like. On GPUs vLLM serves Kimi-K2.5 drafts with MLA on, and so do these engines."""
     if not uses_mla(text_config(read_config(model_dir))):
         return None
-    if torch.cuda.is_available():
+    if not on_cpu_build():
         return {"disabled": False, "reason": None}
     return {
         "disabled": True,
@@ -300,9 +301,10 @@ class EngineMeasurer:
     def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path, prompts: list):
         self.config, self.draft_dir, self.prompts = config, root / DRAFT_DIR, prompts
         self.dtype = provenance.dtype if config.vllm.dtype == "auto" else config.vllm.dtype
-        self.mla = mla_in_vllm(verifier_dir(root))
+        model_dir = verifier_dir(root)
+        self.mla = mla_in_vllm(model_dir)
         self.engine = Engine(
-            verifier=str(verifier_dir(root)),
+            verifier=str(model_dir),
             max_model_len=config.vllm.max_model_len,
             cpu_kvcache_space_gib=config.vllm.cpu_kvcache_space_gib,
             gpu_memory_utilization=config.vllm.gpu_memory_utilization,
