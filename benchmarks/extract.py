@@ -32,6 +32,7 @@ from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.formats.shards import ShardWriter  # noqa: E402
 from eagle3.formats.synthetic import iter_records  # noqa: E402
+from eagle3.precision import engine_device_type, resolve  # noqa: E402
 from eagle3.stages.extract import (  # noqa: E402
     _sequences,
     cut_batches,
@@ -68,7 +69,8 @@ def main() -> None:
     if len(sequences) < args.samples:
         raise SystemExit(f"need {args.samples} sequences in data/synthetic/{args.split}; run `dvc repro generate`")
     meta = shard_meta(config, provenance)
-    backend = HfHiddenStates(verifier_dir(args.root), provenance.trust_remote_code, meta.layer_ids)
+    dtype = resolve(config.dtype, engine_device_type())
+    backend = HfHiddenStates(verifier_dir(args.root), provenance.trust_remote_code, meta.layer_ids, dtype)
     tokens = sum(len(s.input_ids) for s in sequences)
     backend.forward(sequences[:2])  # first-call allocations and kernel selection are not what we measure
 

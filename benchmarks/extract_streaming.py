@@ -27,6 +27,7 @@ from eagle3.files import read_json  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.formats.synthetic import read_part  # noqa: E402
 from eagle3.paths import SYNTHETIC_MANIFEST  # noqa: E402
+from eagle3.precision import engine_device_type, resolve  # noqa: E402
 from eagle3.stages.extract import (  # noqa: E402
     Extracted,
     _write_shards,
@@ -64,7 +65,8 @@ def main() -> None:
     meta = shard_meta(config, provenance)
     manifest = read_json(args.root / SYNTHETIC_MANIFEST, "run `dvc repro generate` first")
     parts = synthetic_parts(args.root, [args.split], manifest)[: args.parts]
-    backend = HfHiddenStates(verifier_dir(args.root), provenance.trust_remote_code, meta.layer_ids)
+    dtype = resolve(config.dtype, engine_device_type())
+    backend = HfHiddenStates(verifier_dir(args.root), provenance.trust_remote_code, meta.layer_ids, dtype)
     warm = plan_part(parts[0], read_part(parts[0].path)[:2], tokenizer, config, meta)
     backend.forward(warm.shards[0].sequences)  # first-call allocations and kernel selection are not measured
 

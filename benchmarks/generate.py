@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 from eagle3.engines.generation.base import TurnRequest, TurnResult  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.params.generate import GenerateParams  # noqa: E402
+from eagle3.precision import engine_device_type, resolve  # noqa: E402
 
 
 def prompts(count: int) -> list[list[dict]]:
@@ -65,21 +66,27 @@ def main() -> None:
     from eagle3.engines.generation.vllm_offline import VllmBackend
 
     vllm_rate, _ = timed(
-        "vllm", lambda: VllmBackend(config, model_dir, provenance), lambda b: completion_tokens(b.generate(requests))
+        "vllm",
+        lambda: VllmBackend(config, model_dir, provenance, resolve(config.dtype, engine_device_type())),
+        lambda b: completion_tokens(b.generate(requests)),
     )
 
     from eagle3.engines.generation.hf_transformers import TransformersBackend
 
     batched_rate, _ = timed(
         "hf-batched",
-        lambda: TransformersBackend(config, model_dir, provenance),
+        lambda: TransformersBackend(config, model_dir, provenance, resolve(config.dtype, "cpu")),
         lambda b: completion_tokens(b.generate(requests)),
     )
 
     def per_prompt(backend) -> int:
         return sum(completion_tokens(backend.generate([request])) for request in requests)
 
-    single_rate, _ = timed("hf-per-prompt", lambda: TransformersBackend(config, model_dir, provenance), per_prompt)
+    single_rate, _ = timed(
+        "hf-per-prompt",
+        lambda: TransformersBackend(config, model_dir, provenance, resolve(config.dtype, "cpu")),
+        per_prompt,
+    )
 
     print(
         f"\nvllm / hf-per-prompt = {vllm_rate / single_rate:.1f}x   vllm / hf-batched = {vllm_rate / batched_rate:.1f}x"

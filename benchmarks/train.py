@@ -18,7 +18,7 @@ from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import read_provenance, verifier_dir
 from eagle3.stages.train import build
 from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
-from eagle3.training.objective import init_draft, make_objective, make_optimizer
+from eagle3.training.objective import init_draft, make_objective, make_optimizer, training_precision
 
 from training_loop import timed_steps
 
@@ -43,7 +43,9 @@ def main() -> None:
 
     def steps(batches) -> tuple[float, int]:
         draft = copy.deepcopy(initial)
-        objective = make_objective(draft, verifier, vocab["d2t"], vocab["t2d"], config)
+        objective = make_objective(
+            draft, verifier, vocab["d2t"], vocab["t2d"], config, training_precision(config, torch.device("cpu"))
+        )
         return timed_steps(objective, make_optimizer(draft, config), batches, config)
 
     in_memory = [collate([dataset[i] for i in indices]) for indices in plan]

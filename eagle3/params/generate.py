@@ -5,6 +5,7 @@ from typing import Any, Literal
 from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from eagle3.params.base import Section, execution_only
+from eagle3.precision import EngineDtype
 
 _OWNED_BODY_FIELDS = {
     "model",
@@ -78,6 +79,10 @@ class TransformersFallback(Section):
 
 class GenerateParams(Section):
     backend: Literal["vllm", "openai", "transformers"] = "vllm"
+    # What the verifier computes in (backends vllm and transformers; the servers decide for openai). auto:
+    # bfloat16 where the device computes it natively, else float32 (eagle3/precision.py). The weights are stored
+    # as verifier.dtype whatever this says; the resolved value is part of the run key.
+    dtype: EngineDtype = "auto"
     # all: every assistant turn, each conditioned on the regenerated history;
     # last: only the reply to the last user turn.
     turns: Literal["all", "last"] = "all"

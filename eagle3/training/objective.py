@@ -18,6 +18,7 @@ from torch import nn
 from eagle3.formats.vocab import draft_to_target
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.params.train import TrainParams
+from eagle3.precision import resolve
 from eagle3.training.distributed import Dist
 from eagle3.training.soft_cross_entropy import soft_cross_entropy
 
@@ -101,11 +102,22 @@ def init_draft(
     return draft
 
 
+def training_precision(config: TrainParams, device: torch.device) -> str:
+    """train.precision resolved for the training device: "bfloat16" (autocast) or "float32"."""
+    return resolve(config.precision, device.type)
+
+
 def make_objective(
-    draft: Eagle3Draft, verifier: dict[str, torch.Tensor], d2t: torch.Tensor, t2d: torch.Tensor, config: TrainParams
+    draft: Eagle3Draft,
+    verifier: dict[str, torch.Tensor],
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    config: TrainParams,
+    precision: str,
 ) -> Objective:
-    # The target head runs in the training precision: in bf16 the verifier's logits cost a fraction of fp32's.
-    head_dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    """`precision` as training_precision resolves it: the target head runs in it (in bf16 the verifier's logits
+    cost a fraction of fp32's)."""
+    head_dtype = getattr(torch, precision)
     return Objective(
         draft,
         verifier["embed"],
@@ -136,7 +148,9 @@ def learning_rate(config: TrainParams, step_index: int, total: int) -> float:
 
 
 def autocast(device: torch.device, precision: str) -> AbstractContextManager:
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    if precision not in ("bfloat16", "float32"):
+        raise ValueError(f"precision {precision!r}: resolve it first (training_precision)")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
 
 
 @dataclass
@@ -156,7 +170,8 @@ def train_step(
     grad_clip: float,
     precision: str,
 ) -> StepResult:
-    """One optimizer step on one batch (already on the device); `model` is `objective` or its DDP wrapper."""
+    """One optimizer step on one batch (already on the device); `model` is `objective` or its DDP wrapper;
+    `precision` resolved (training_precision)."""
     probs, top1, masks = objective.targets(batch)
     counts = world.all_sum(torch.stack([m.sum() for m in masks]).float())
     with autocast(world.device, precision):

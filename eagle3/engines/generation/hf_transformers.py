@@ -1,4 +1,4 @@
-"""Last-resort fallback: transformers `generate`, batched with left padding (~18x slower than vLLM on CPU)."""
+"""Last-resort fallback: transformers `generate` on the CPU, batched with left padding (much slower than vLLM)."""
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -11,7 +11,7 @@ from eagle3.params.generate import GenerateParams
 
 
 class TransformersBackend:
-    def __init__(self, config: GenerateParams, model_dir: Path, provenance: Provenance):
+    def __init__(self, config: GenerateParams, model_dir: Path, provenance: Provenance, dtype: str):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -22,7 +22,7 @@ class TransformersBackend:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=getattr(torch, provenance.dtype), trust_remote_code=trust
+            model_dir, dtype=getattr(torch, dtype), trust_remote_code=trust
         ).eval()
         self.max_len = provenance.max_position_embeddings
         # generate() stops at any of the generation config's EOS ids: the end-of-turn token (Kimi's <|im_end|>) as

@@ -18,7 +18,7 @@ from eagle3.params.generate import GenerateParams
 
 
 class VllmBackend:
-    def __init__(self, config: GenerateParams, model_dir: Path, provenance: Provenance):
+    def __init__(self, config: GenerateParams, model_dir: Path, provenance: Provenance, dtype: str):
         engine = config.vllm
         prepare_environment(engine.cpu_kvcache_space_gib)
         vllm = import_vllm("generate.backend vllm")
@@ -29,7 +29,7 @@ class VllmBackend:
             vllm,
             "generate",
             str(model_dir),
-            dtype=provenance.dtype,
+            dtype=dtype,
             max_model_len=engine.max_model_len,
             tensor_parallel_size=engine.tensor_parallel_size,
             gpu_memory_utilization=engine.gpu_memory_utilization,

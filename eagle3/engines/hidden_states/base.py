@@ -35,6 +35,8 @@ class CaptureRequest:
     config: ExtractParams
     # Where the vllm backend's connector hands each request's states over (eagle3/paths.py VLLM_SPOOL).
     spool: Path
+    # What the forward pass computes in (extract.dtype resolved: eagle3/precision.py); states are stored as bf16.
+    dtype: str
 
 
 def open_capture(request: CaptureRequest) -> HiddenStateCapture:
@@ -45,4 +47,4 @@ def open_capture(request: CaptureRequest) -> HiddenStateCapture:
         return VllmHiddenStates(request)
     from eagle3.engines.hidden_states.hf_capture import HfHiddenStates
 
-    return HfHiddenStates(request.model_dir, request.provenance.trust_remote_code, request.layer_ids)
+    return HfHiddenStates(request.model_dir, request.provenance.trust_remote_code, request.layer_ids, request.dtype)

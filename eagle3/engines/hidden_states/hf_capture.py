@@ -15,14 +15,14 @@ from eagle3.chat.token_layout import Sequence
 class HfHiddenStates:
     pads_batches = True
 
-    def __init__(self, model_dir: Path, trust_remote_code: bool, layers: tuple[int, ...]):
+    def __init__(self, model_dir: Path, trust_remote_code: bool, layers: tuple[int, ...], dtype: str):
         from transformers import AutoModel
 
         self.on_gpu = torch.cuda.is_available()
         # The base model without lm_head: the vocabulary projection would cost ~3/4 of the time for logits nobody uses.
         self.model = AutoModel.from_pretrained(
             model_dir,
-            dtype=torch.bfloat16,
+            dtype=getattr(torch, dtype),
             trust_remote_code=trust_remote_code,
             **({"device_map": "auto"} if self.on_gpu else {}),
         ).eval()
@@ -31,7 +31,8 @@ class HfHiddenStates:
 
     @torch.no_grad()
     def forward(self, batch: list[Sequence]) -> list[torch.Tensor]:
-        """One padded forward pass; returns each sequence's [layers, tokens, hidden] bf16 states, padding removed."""
+        """One padded forward pass; returns each sequence's [layers, tokens, hidden] states in bf16, padding
+        removed."""
         longest = max(len(s.input_ids) for s in batch)
         input_ids = torch.zeros(len(batch), longest, dtype=torch.int64, pin_memory=self.on_gpu)
         attention = torch.zeros(len(batch), longest, dtype=torch.int64, pin_memory=self.on_gpu)

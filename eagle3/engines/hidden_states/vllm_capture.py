@@ -108,7 +108,7 @@ class VllmHiddenStates:
             vllm,
             "extract",
             str(request.model_dir),
-            dtype="bfloat16",  # as the hf backend: shards hold bf16 states computed in bf16
+            dtype=request.dtype,
             max_model_len=request.config.max_seq_len + 1,
             tensor_parallel_size=engine.tensor_parallel_size,
             gpu_memory_utilization=engine.gpu_memory_utilization,
