@@ -28,18 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagle3.config import load_params  # noqa: E402
+from eagle3.engines.hidden_states.batching import cut_batches, in_plan_order, length_sorted_batches  # noqa: E402
 from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.formats.shards import ShardWriter  # noqa: E402
 from eagle3.formats.synthetic import iter_records  # noqa: E402
 from eagle3.precision import engine_device_type, resolve  # noqa: E402
-from eagle3.stages.extract import (  # noqa: E402
-    _sequences,
-    cut_batches,
-    in_plan_order,
-    length_sorted_batches,
-    shard_meta,
-)
+from eagle3.stages.extract import _sequences, shard_meta  # noqa: E402
 
 
 def plan_order_batches(sequences, batch_tokens: int) -> list[list[int]]:

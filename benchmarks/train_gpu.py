@@ -94,12 +94,12 @@ def measure(arm: str, config: DraftConfig, tokens: int, ttt_steps: int, device: 
     train = TrainParams(ttt_steps=ttt_steps, activation_checkpointing=recompute)
     objective = Objective(
         draft,
-        torch.randn(config.vocab_size, hidden, dtype=torch.bfloat16) * 0.02,
-        (torch.randn(config.draft_vocab_size, hidden) * 0.02).to(torch.bfloat16),
-        torch.ones(config.vocab_size, dtype=torch.bool),  # every position counts: the costliest case
-        ttt_steps,
-        train.step_weight,
-        recompute,
+        embed=torch.randn(config.vocab_size, hidden, dtype=torch.bfloat16) * 0.02,
+        draft_lm_head=(torch.randn(config.draft_vocab_size, hidden) * 0.02).to(torch.bfloat16),
+        t2d=torch.ones(config.vocab_size, dtype=torch.bool),  # every position counts: the costliest case
+        steps=ttt_steps,
+        step_weight=train.step_weight,
+        recompute=recompute,
     ).to(device)
     optimizer = make_optimizer(draft, train)
     generator = torch.Generator().manual_seed(1)

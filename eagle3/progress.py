@@ -30,3 +30,19 @@ def progress() -> Progress:
 def step(message: str) -> None:
     """A one-line status message for work that has no meaningful total."""
     console.print(f"[cyan]•[/cyan] {message}")
+
+
+class Quiet:
+    """Stands in for the progress bar where nothing should be drawn (training ranks other than 0)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, *args, **kwargs):
+        return 0
+
+    def advance(self, *args):
+        pass

@@ -11,7 +11,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from eagle3.files import write_json
 from eagle3.paths import LAST_RUN_DIR
@@ -23,9 +23,14 @@ def run_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
-def resume_or_reset(out: Path, settings: dict[str, Any]) -> tuple[str, bool]:
+class Resumed(NamedTuple):
+    key: str
+    kept: bool  # whether the finished work in the directory was made with these settings and is kept
+
+
+def resume_or_reset(out: Path, settings: dict[str, Any]) -> Resumed:
     """Prepare a resumable output directory: keep its finished files if they were made with the same settings,
-    else empty it. Unfinished writes (*.partial) are always removed. Returns (the run key, whether work is kept)."""
+    else empty it. Unfinished writes (*.partial) are always removed."""
     key = run_key(settings)
     run_file = out / RUN_FILE
     kept = run_file.is_file() and json.loads(run_file.read_text(encoding="utf-8")).get("key") == key
@@ -38,7 +43,7 @@ def resume_or_reset(out: Path, settings: dict[str, Any]) -> tuple[str, bool]:
             shutil.rmtree(partial)
         else:
             partial.unlink()
-    return key, kept
+    return Resumed(key, kept)
 
 
 def measured_run(root: Path, stage: str, this_run: dict[str, Any], did_work: bool) -> dict[str, Any]:

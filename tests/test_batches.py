@@ -75,7 +75,14 @@ def test_an_empty_share_is_a_zero_row_batch_that_gives_every_parameter_a_zero_gr
         "final": (0, 0, 32),
     }
     draft = tiny_draft()
-    objective = Objective(draft, torch.randn(100, 32), torch.randn(40, 32), torch.ones(100, dtype=torch.bool), 3, 0.8)
+    objective = Objective(
+        draft,
+        embed=torch.randn(100, 32),
+        draft_lm_head=torch.randn(40, 32),
+        t2d=torch.ones(100, dtype=torch.bool),
+        steps=3,
+        step_weight=0.8,
+    )
     optimizer = make_optimizer(draft, TrainParams(learning_rate=0.1, weight_decay=0.0))
     before = {name: p.detach().clone() for name, p in draft.named_parameters()}
     result = train_step(objective, objective, optimizer, batch, Dist(), 1.0, "bfloat16")

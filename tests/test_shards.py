@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from eagle3.formats.shards import HiddenStateDataset, ShardError, ShardMeta, ShardReader, ShardWriter, check_meta
+from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 
 META = ShardMeta(verifier="org/model", layer_ids=(2, 15, 27, 30), hidden_size=64, tokenizer_sha256="ab" * 32)
 
@@ -181,9 +182,9 @@ def _write_with(path, storage, samples=SAMPLES):
 HALF_STEP = {"e4m3": (2**-4, 2**-10), "e5m2": (2**-3, 2**-17)}
 
 
-@pytest.mark.parametrize("storage", ["fp8-aux", "fp8", "fp8-compact"])
+@pytest.mark.parametrize("storage", [name for name in STORAGES if name != DEFAULT_STORAGE])
 def test_8bit_storage_round_trip_is_within_its_bound_and_keeps_lossless_roles_exact(tmp_path, storage):
-    from eagle3.formats.shards import FP8, STORAGES
+    from eagle3.formats.shards import FP8
 
     reader = ShardReader(_write_with(tmp_path / "shard.e3sh", storage))
     assert reader.meta.storage == storage
@@ -191,7 +192,8 @@ def test_8bit_storage_round_trip_is_within_its_bound_and_keeps_lossless_roles_ex
         sample = reader.read(position)
         assert sample.sample_id == sample_id and sample.hidden.dtype == torch.bfloat16
         assert torch.equal(sample.input_ids, input_ids) and torch.equal(sample.loss_mask, loss_mask)
-        for layers, encoding in zip((slice(0, 3), slice(3, 4)), STORAGES[storage], strict=True):
+        roles = (STORAGES[storage].aux, STORAGES[storage].final)
+        for layers, encoding in zip((slice(0, 3), slice(3, 4)), roles, strict=True):
             original, stored = hidden[layers].float(), sample.hidden[layers].float()
             if encoding == "bf16":
                 assert torch.equal(stored, original)
@@ -208,8 +210,7 @@ def test_8bit_storage_round_trip_is_within_its_bound_and_keeps_lossless_roles_ex
 
 
 def test_fp8_storage_is_smaller_than_lossless(tmp_path):
-    storages = ("bf16-lossless", "fp8-aux", "fp8", "fp8-compact")
-    sizes = {s: _write_with(tmp_path / f"{s}.e3sh", s).stat().st_size for s in storages}
+    sizes = {s: _write_with(tmp_path / f"{s}.e3sh", s).stat().st_size for s in STORAGES}
     raw = sum(s[3].numel() * 2 for s in SAMPLES)
     # Random mantissas: little zstd gain on the codes here, so about 2x less the scales (real states: benchmarks).
     assert raw / sizes["fp8"] > 1.8

@@ -136,6 +136,43 @@ def test_the_check_catches_an_unlisted_import_and_a_stale_dep(tmp_path):
     assert "eagle3/__init__.py: holds code" in wiring_problems(tmp_path)[0]
 
 
+def import_cycles(root: Path) -> list[list[str]]:
+    """Every cycle among the project's modules (function-level imports included), each as the files around it."""
+    graph = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        targets = {module_file(root, name) for name in imported_modules(path)}
+        graph[path] = sorted(t for t in targets if t is not None and t != path and t.name != "__init__.py")
+    cycles, state = [], {}
+
+    def visit(path: Path, trail: list[Path]) -> None:
+        state[path] = "open"
+        for target in graph.get(path, []):
+            if state.get(target) == "open":
+                cycle = trail[trail.index(target) :] + [target]
+                cycles.append([c.relative_to(root).as_posix() for c in cycle])
+            elif target not in state:
+                visit(target, [*trail, target])
+        state[path] = "done"
+
+    for path in graph:
+        if path not in state:
+            visit(path, [path])
+    return cycles
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_cycles(REPO) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path):
+    package = tmp_path / PACKAGE
+    package.mkdir()
+    (package / "__init__.py").write_text('"""A package."""\n')
+    (package / "base.py").write_text("def open_backend():\n    from eagle3.backend import Backend\n")
+    (package / "backend.py").write_text("from eagle3.base import open_backend\n")
+    assert import_cycles(tmp_path) == [["eagle3/backend.py", "eagle3/base.py", "eagle3/backend.py"]]
+
+
 def _stage_module(definition: dict):
     """The eagle3.stages module a stage's entry point runs."""
     names = [name for name in imported_modules(REPO / stage_entry(definition)) if name.startswith("eagle3.stages.")]

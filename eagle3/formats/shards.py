@@ -6,7 +6,7 @@ that reads them are one format; apart, a change to the layout could update one s
 File layout (all integers little-endian)::
 
     prefix   8s magic b"EAGLE3SH" | u16 format version | u16 reserved | u32 header length
-    header   UTF-8 JSON: format, version, verifier, layer_ids, hidden_size, dtype, tokenizer_sha256, codec
+    header   UTF-8 JSON: format, version, verifier, layer_ids, hidden_size, dtype, storage, tokenizer_sha256, codec
     records  one per sample, back to back, each decodable on its own
     index    UTF-8 JSON: {"samples": [{id, offset, length, tokens, loss_tokens, xxh3}]}
     footer   u64 index offset | u64 index length | u64 xxh3 of the index | 8s b"E3SHEND1"
@@ -25,9 +25,9 @@ targets), each pair as the header's `storage` says for that role:
   value comes back within half a step of its format (1/16 or 1/8 of itself)
   plus half the subnormal step (scale x 2^-10 or 2^-17), then rounded to bf16.
 
-`storage` names the pair for the file (STORAGES): `bf16-lossless` (both
-roles bf16), `fp8-aux` (aux e4m3, final bf16), `fp8` (both e4m3),
-`fp8-compact` (aux e5m2, final e4m3). Hidden states
+`storage` names the pair for the file (the table in eagle3/formats/storage.py):
+`bf16-lossless` (both roles bf16), `fp8-aux` (aux e4m3, final bf16), `fp8`
+(both e4m3), `fp8-compact` (aux e5m2, final e4m3). Hidden states
 are stored layer-major, [layers, tokens, hidden], in `layer_ids` order, and
 always read back as bf16.
 
@@ -49,7 +49,9 @@ the sample), never silently read.
 The directory (data/hidden/)::
 
     run.json                         the run key and settings the shards were made with (eagle3/resume.py)
-    <split>/shard-NNNNN.e3sh         the shards of each split, in plan order
+    <split>/shard-PPPPP-NNN.e3sh     the NNNth shard planned from synthetic part PPPPP (`shard_name`)
+    <split>/part-PPPPP.done.json     part PPPPP's shards all written (eagle3/formats/extracted_parts.py)
+    environments/<id>.json           which environment made which shards (eagle3/environment.py)
     index.json                       written last: layer_ids, hidden_size and per split every shard with its
                                      samples, tokens, loss tokens and bytes (`write_index` / `split_shards`)
 """
@@ -74,6 +76,7 @@ import zstandard
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import partial_path, read_json, write_json
+from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.paths import HIDDEN_DIR, HIDDEN_INDEX
 
 MAGIC, END_MAGIC, VERSION = b"EAGLE3SH", b"E3SHEND1", 2
@@ -82,13 +85,6 @@ _PREFIX = struct.Struct("<8sHHI")
 _FOOTER = struct.Struct("<QQQ8s")
 _RECORD = struct.Struct("<9I")
 
-# How the aux layers and the final layer are stored, per `extract.storage`.
-STORAGES = {
-    "bf16-lossless": ("bf16", "bf16"),
-    "fp8-aux": ("e4m3", "bf16"),
-    "fp8": ("e4m3", "e4m3"),
-    "fp8-compact": ("e5m2", "e4m3"),
-}
 # The 8-bit encodings: their dtype and largest finite value (a token's largest magnitude maps to it).
 FP8 = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
 
@@ -104,7 +100,7 @@ class ShardMeta:
     hidden_size: int
     tokenizer_sha256: str
     dtype: str = "bfloat16"
-    storage: str = "bf16-lossless"
+    storage: str = DEFAULT_STORAGE
 
 
 @dataclass
@@ -116,7 +112,7 @@ class Sample:
 
 
 # zstd's hash table at 2^10 entries instead of level 1's 2^14: the high plane's matches are short-range, so the
-# ratio is unchanged (1.471x vs 1.472x overall) while the table stays in L1 and compression runs ~1.5-2x faster.
+# ratio stays the same while the table stays in L1 and compression runs faster (benchmarks/storage.py).
 _HASH_LOG = 10
 _compressors = threading.local()
 
@@ -154,7 +150,7 @@ def encode_sample(
     loss_mask: torch.Tensor,
     hidden: torch.Tensor,
     level: int = 1,
-    storage: str = "bf16-lossless",
+    storage: str = DEFAULT_STORAGE,
 ) -> tuple[list[Any], int, int]:
     """A record as the buffers to write back to back (no joined copy), its total length and its xxh3-64."""
     layers, tokens, width = hidden.shape
@@ -164,7 +160,7 @@ def encode_sample(
             f"{tuple(hidden.shape)}"
         )
     compressor = _compressor(level)
-    aux, final = STORAGES[storage]
+    aux, final = STORAGES[storage].aux, STORAGES[storage].final
     sections = [
         compressor.compress(input_ids.to(torch.int32).numpy().astype("<i4", copy=False)),
         compressor.compress(np.packbits(loss_mask.numpy().astype(bool))),
@@ -211,12 +207,12 @@ def _decode_role(sections, encoding: str, shape: tuple[int, int, int], decompres
 
 
 def decode_sample(
-    record: bytes, storage: str = "bf16-lossless", where: str = "record"
+    record: bytes, storage: str = DEFAULT_STORAGE, where: str = "record"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens, layers, width, sections = _sections(record)
     decompressor = zstandard.ZstdDecompressor()
     input_ids, loss_mask = _decode_tokens(decompressor, tokens, sections)
-    aux, final = STORAGES[storage]
+    aux, final = STORAGES[storage].aux, STORAGES[storage].final
     hidden = torch.cat(
         [
             _decode_role(sections[2:4], aux, (layers - 1, tokens, width), decompressor, where),
@@ -243,8 +239,12 @@ class ShardWriter:
         self.path, self.meta, self.level = Path(path), meta, level
         self.partial = partial_path(self.path)
         self.handle = open(self.partial, "wb")
-        aux, final = STORAGES[meta.storage]
-        codec = {"aux": aux, "final": final, "level": level, "hash_log": _zstd_params(level).hash_log}
+        codec = {
+            "aux": STORAGES[meta.storage].aux,
+            "final": STORAGES[meta.storage].final,
+            "level": level,
+            "hash_log": _zstd_params(level).hash_log,
+        }
         header = json.dumps(
             {"format": "eagle3-shard", "version": VERSION, **asdict(meta), "codec": codec}, sort_keys=True
         ).encode()

@@ -14,9 +14,10 @@ One step (vLLM, norm_before_residual=False): residual = h (raw);
 r = o_proj(attn) + h; pre = mlp(post_attention_layernorm(r)) + r;
 logits = lm_head(norm(pre)); the next draft step receives the PRE-norm `pre`.
 Step 0 feeds h = fc(aux) with the token one ahead (position t sees token t+1);
-step i feeds step i-1's `pre` with the token i+1 ahead at rope position t+i and
-attends to step 0's keys/values of positions <= t plus its own keys/values
-from steps 1..i: exactly the draft's KV cache in vLLM.
+step i feeds step i-1's `pre` with the token i+1 ahead at rope position t+i
+(eagle3/modeling/ttt_alignment.py has the shift) and attends to step 0's
+keys/values of positions <= t plus its own keys/values from steps 1..i:
+exactly the draft's KV cache in vLLM.
 
 `aux_scale` divides fc's input per channel during training (the aux states
 have channels averaging 100-350 and positions with norm ~25,000); export folds
@@ -35,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.modeling.attention import ttt_attention
+from eagle3.modeling.ttt_alignment import input_offset, shift_left
 from eagle3.params.train import DraftAttention
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
@@ -271,7 +273,7 @@ class Eagle3Draft(nn.Module):
         self, input_ids: torch.Tensor, aux: torch.Tensor, embed: nn.Module, steps: int, recompute: bool = False
     ) -> list[torch.Tensor]:
         """Training-time test. input_ids [B, T] (the verifier's sequence), aux [B, T, A*H].
-        Returns per step i the pre-norm features [B, T, H] where position t predicts token t+2+i
+        Returns per step i the pre-norm features [B, T, H] where position t predicts token t+2+i (ttt_alignment)
         (`logits` turns them into draft-vocab logits; the trainer does so only where the loss counts).
         `recompute`: keep only each step's inputs and outputs for the backward and run the step again there
         (activation checkpointing: a step's activations at 16K tokens are several GB at Kimi-K2.5's shape)."""
@@ -284,8 +286,7 @@ class Eagle3Draft(nn.Module):
         cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         features = []
         for i in range(steps):
-            ahead = torch.zeros_like(input_ids)
-            ahead[:, : tokens - 1 - i] = input_ids[:, 1 + i :]
+            ahead = shift_left(input_ids, input_offset(i))
             cos, sin = self.rotary(hidden, positions + i)
             hidden, k, v = step(embed(ahead).to(hidden.dtype), hidden, cos, sin, tuple(cache))
             cache.append((k, v))

@@ -25,6 +25,14 @@ def execution_only(default: Any, **field: Any) -> Any:
     return Field(default, json_schema_extra={_EXECUTION_ONLY: True}, **field)
 
 
+def pin_environment_setting() -> Any:
+    """The `pin_environment` setting of the resumable stages (generate, extract, train): also put the execution
+    environment (package versions, accelerator, CPU, parallelism: eagle3/environment.py) into the run key, so
+    finished work made elsewhere is redone rather than mixed. Off: the environment is recorded only. Left out of
+    the key as a setting: its effect enters the key as the environment itself."""
+    return execution_only(False)
+
+
 def pinned_settings(section: BaseModel) -> dict[str, Any]:
     """The section as JSON without its execution-only fields, at any depth: what a run key pins."""
     dumped = section.model_dump(mode="json")

@@ -4,7 +4,8 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, field_validator
 
-from eagle3.params.base import Section, execution_only
+from eagle3.formats.storage import DEFAULT_STORAGE, StorageName
+from eagle3.params.base import Section, execution_only, pin_environment_setting
 from eagle3.precision import EngineDtype
 
 
@@ -16,7 +17,7 @@ class VllmExtractEngine(Section):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     # vLLM's CPU build sizes its KV cache (hidden-state slots included) from VLLM_CPU_KVCACHE_SPACE (GiB).
     cpu_kvcache_space_gib: PositiveInt = 2
-    # Skips torch.compile: on CPU it cuts engine start from minutes to ~25 s.
+    # Skips torch.compile, which on CPU costs minutes of engine start for little gain.
     enforce_eager: bool = False
 
 
@@ -41,20 +42,17 @@ class ExtractParams(Section):
     # states wait in memory.
     shard_raw_mb: PositiveInt = 1024
     # How hidden states are stored (eagle3/formats/shards.py; README "extract" has the measured trade-off):
-    # bf16-lossless (1.48x smaller than raw); 8-bit floats with a scale per token, per role (the aux layers are
+    # bf16-lossless (byte planes, zstd); 8-bit floats with a scale per token, per role (the aux layers are
     # the draft's input, the final layer defines its targets): fp8-aux (aux e4m3, final lossless), fp8 (both
     # e4m3), fp8-compact (aux e5m2, final e4m3). Training reads bf16 whatever is stored.
-    storage: Literal["bf16-lossless", "fp8-aux", "fp8", "fp8-compact"] = "bf16-lossless"
+    storage: StorageName = DEFAULT_STORAGE
     compression_level: int = Field(1, ge=1, le=19)
     compression_threads: PositiveInt = execution_only(2)
     # Refuse to start unless the output filesystem keeps this much free after the estimated shards.
     reserve_free_gb: float = execution_only(1.0, ge=0)
     # Skip the free-space check entirely (e.g. on filesystems that report no meaningful free space).
     ignore_disk_check: bool = execution_only(False)
-    # Also put the execution environment (package versions, accelerator, CPU, parallelism: eagle3/environment.py)
-    # into the run key, so finished work made elsewhere is redone rather than mixed. Off: it is recorded only.
-    # (Left out of the key as a setting: its effect enters it as the environment itself.)
-    pin_environment: bool = execution_only(False)
+    pin_environment: bool = pin_environment_setting()
 
     @field_validator("aux_layer_ids")
     @classmethod

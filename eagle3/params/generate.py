@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from eagle3.params.base import Section, execution_only
+from eagle3.params.base import Section, execution_only, pin_environment_setting
 from eagle3.precision import EngineDtype
 
 _OWNED_BODY_FIELDS = {
@@ -36,7 +36,7 @@ class VllmEngine(Section):
     gpu_memory_utilization: float = execution_only(0.9, gt=0, le=1)
     # vLLM's CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB), not from memory utilization.
     cpu_kvcache_space_gib: PositiveInt = execution_only(2)
-    # Skips torch.compile: on CPU it cuts engine start from ~165 s to ~30 s.
+    # Skips torch.compile, which on CPU costs minutes of engine start for little gain.
     enforce_eager: bool = False
 
 
@@ -96,10 +96,7 @@ class GenerateParams(Section):
     vllm: VllmEngine = VllmEngine()
     openai: OpenAIServers | None = None
     transformers: TransformersFallback = TransformersFallback()
-    # Also put the execution environment (package versions, accelerator, CPU, parallelism: eagle3/environment.py)
-    # into the run key, so finished work made elsewhere is redone rather than mixed. Off: it is recorded only.
-    # (Left out of the key as a setting: its effect enters it as the environment itself.)
-    pin_environment: bool = execution_only(False)
+    pin_environment: bool = pin_environment_setting()
 
     @model_validator(mode="after")
     def _openai_needs_servers(self) -> "GenerateParams":

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from eagle3.params.base import Section, execution_only
+from eagle3.params.base import Section, execution_only, pin_environment_setting
 from eagle3.precision import TrainPrecision
 
 
@@ -84,10 +84,7 @@ class TrainParams(Section):
     num_workers: NonNegativeInt | Literal["auto"] = execution_only("auto")
     launch: LaunchParams = execution_only(LaunchParams())
     seed: int = 0
-    # Also put the execution environment (package versions, accelerator, CPU, parallelism: eagle3/environment.py)
-    # into the run key, so finished work made elsewhere is redone rather than mixed. Off: it is recorded only.
-    # (Left out of the key as a setting: its effect enters it as the environment itself.)
-    pin_environment: bool = execution_only(False)
+    pin_environment: bool = pin_environment_setting()
 
     @model_validator(mode="after")
     def _lr_order(self) -> "TrainParams":

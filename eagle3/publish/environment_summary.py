@@ -15,12 +15,16 @@ def summary(record: dict[str, Any]) -> str:
         hardware += f"{accelerator.get('driver')})"
     else:
         cpu = record.get("cpu", {})
-        hardware = f"CPU {cpu.get('model')} ({cpu.get('logical_cpus')} logical)"
+        details = [f"{cpu.get('logical_cpus')} logical"]
+        if "capability" in cpu:  # recorded since the compute precision became `auto`
+            details.append(f"{cpu['capability']}, bf16 {'native' if cpu.get('bf16_native') else 'emulated'}")
+        hardware = f"CPU {cpu.get('model')} ({', '.join(details)})"
     parallel = record.get("parallel", {})
     layout = [f"TP {parallel['tensor_parallel_size']}"] if parallel.get("tensor_parallel_size") else []
     layout += [f"{parallel['world_size']} processes"] if (parallel.get("world_size") or 1) > 1 else []
     text = ", ".join(f"{name} {packages[name]}" for name in names) + f", Python {record.get('python')}; {hardware}"
     text += f"; {', '.join(layout)}" if layout else ""
+    text += f"; computed in {record['compute_dtype']}" if record.get("compute_dtype") else ""
     servers = record.get("servers") or []
     if servers:
         versions = sorted({str(server.get("vllm")) for server in servers})

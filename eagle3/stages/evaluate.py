@@ -50,6 +50,7 @@ from eagle3.formats.prepared import read_rows
 from eagle3.formats.provenance import Provenance, read_provenance, verifier_dir
 from eagle3.formats.shards import HiddenStateDataset, split_shards
 from eagle3.formats.vocab import draft_to_target
+from eagle3.modeling.ttt_alignment import shift_left, target_offset, verifier_offset
 from eagle3.params.base import StageParams
 from eagle3.params.evaluate import EvaluateParams, OfflineEstimate
 from eagle3.paths import DRAFT_DIR, EVAL_FIGURE, EVAL_METRICS, EVAL_PLOTS_DIR, PREPARED_DIR, prepared_split
@@ -154,12 +155,11 @@ def offline_estimate(root: Path, steps: int, limits: OfflineEstimate) -> dict[st
         correct = torch.zeros(tokens, steps, dtype=torch.bool, device=device)
         for i, feature in enumerate(features):
             guess = targets[greedy_tokens(draft.norm(feature[0]), draft.lm_head.weight, limits.chunk_tokens)]
-            valid = tokens - 1 - i
-            correct[:valid, i] = guess[:valid] == verifier_top1[1 + i : 1 + i + valid]
+            offset = verifier_offset(i)
+            correct[: tokens - offset, i] = guess[: tokens - offset] == verifier_top1[offset:]
         correct = correct.cpu()
         # Positions whose first drafted token is an answer token.
-        counted = torch.zeros(tokens, dtype=torch.bool)
-        counted[: tokens - 2] = mask[2:]
+        counted = shift_left(mask[None], target_offset(0))[0]
         per_step_correct += correct[counted].float().sum(0)
         positions += int(counted.sum())
         _walk_answers(correct.int().cumprod(-1).sum(-1).tolist(), mask.tolist(), walk)

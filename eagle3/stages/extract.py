@@ -15,8 +15,8 @@ cut into shards `shard-PPPPP-NNN` whenever the raw states reach
 so planning memory does not grow with the dataset and overlaps the verifier.
 Within a shard, batches of up to `batch_tokens` padded tokens of similar
 length, whose states are written back in plan order. When a part's shards are
-all written, `part-PPPPP.done.json` records them with the part's counts
-(skips, truncations). A restart skips done parts without reading them and
+all written, `part-PPPPP.done.json` (eagle3/formats/extracted_parts.py)
+records them with the part's counts (skips, truncations). A restart skips done parts without reading them and
 redoes only the missing shards of the others, so the result is byte-identical
 to an uninterrupted run; `--rank R --world-size W` takes the parts whose index
 % W == R, with the same shards as one process (the index and metrics are
@@ -36,15 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from eagle3.chat.token_layout import Sequence, layout
-from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture, open_capture
-from eagle3.environment import EnvironmentLog, capture, fingerprint
+from eagle3.engines.hidden_states.backends import open_capture
+from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture
+from eagle3.engines.hidden_states.batching import in_plan_order, part_batches
+from eagle3.environment import EnvironmentLog, fingerprint
 from eagle3.errors import Eagle3Error
 from eagle3.files import read_json, write_json
+from eagle3.formats.extracted_parts import PartDone, is_done, read_done, write_done
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
 from eagle3.formats.shards import VERSION, ShardMeta, ShardWriter, shard_name, write_index
+from eagle3.formats.storage import STORAGES
 from eagle3.formats.synthetic import PART_PATTERN, read_part
 from eagle3.hashing import sha256_file
 from eagle3.params.base import StageParams, pinned_settings
@@ -53,10 +55,9 @@ from eagle3.paths import EXTRACT_METRICS, HIDDEN_DIR, SYNTHETIC_DIR, SYNTHETIC_M
 from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import progress, step
 from eagle3.resume import measured_run, resume_or_reset
+from eagle3.scale_out import Slice
+from eagle3.scale_out import add_arguments as add_arguments  # the runner gives this stage --rank / --world-size
 
-# Planning figures for the free-space check, per extract.storage: what each achieved on real states (lossless:
-# 1.48x; the fp8 ones: benchmarks/storage_8bit.py), rounded down.
-EXPECTED_RATIO = {"bf16-lossless": 1.4, "fp8-aux": 1.9, "fp8": 2.2, "fp8-compact": 2.5}
 # Bump when the same inputs and params give other shard bytes (2: length-sorted batches, zstd hash_log 10; 3: shards
 # planned per synthetic part; 4: a turn cut at max_tokens masked only through its generated tokens), so the run key
 # changes and shards made by older code are discarded, never mixed.
@@ -67,11 +68,6 @@ class Params(StageParams):
     extract: ExtractParams
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rank", type=int, default=0, help="this process's slice of the parts (default 0)")
-    parser.add_argument("--world-size", type=int, default=1, help="number of slices run in parallel (default 1)")
-
-
 @dataclass(frozen=True)
 class Part:
     """One synthetic part: the unit of planning, resume and scale-out."""
@@ -79,10 +75,6 @@ class Part:
     split: str
     index: int
     path: Path
-
-    @property
-    def done_name(self) -> str:
-        return f"part-{self.index:05d}.done.json"
 
 
 @dataclass
@@ -135,9 +127,7 @@ def raw_bytes_per_token(meta: ShardMeta) -> int:
 
 def run(params: Params, root: Path, options: argparse.Namespace | None = None) -> None:
     config = params.extract
-    rank, world_size = (getattr(options, "rank", 0), getattr(options, "world_size", 1))
-    if not 0 <= rank < world_size:
-        raise Eagle3Error(f"--rank {rank} must be in [0, --world-size {world_size})")
+    ranks = Slice.from_options(options)
     provenance = read_provenance(root)
     manifest = root / SYNTHETIC_MANIFEST
     if not manifest.is_file():
@@ -149,33 +139,39 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     tensor_parallel = config.vllm.tensor_parallel_size if config.backend == "vllm" else None
     if config.pin_environment:
         settings["environment"] = fingerprint(
-            capture(tensor_parallel_size=tensor_parallel, world_size=world_size, compute_dtype=dtype)
+            ranks.environment(tensor_parallel_size=tensor_parallel, compute_dtype=dtype)
         )
-    if not resume_or_reset(out, settings)[1]:
+    if not resume_or_reset(out, settings).kept:
         step("extract: no finished shards made with these settings; starting fresh")
 
     parts = synthetic_parts(root, config.splits, read_json(manifest, ""))
-    todo = [part for part in parts if part.index % world_size == rank and not _is_done(out, part)]
+    todo = [part for part in parts if ranks.owns(part.index) and not _is_done(out, part)]
     started, extracted = time.monotonic(), Extracted()
     # Per rank, so ranks sharing the directory never remove each other's; left by a killed vllm run, never output.
-    spool = root / VLLM_SPOOL / f"rank{rank}"
+    spool = root / VLLM_SPOOL / f"rank{ranks.rank}"
     shutil.rmtree(spool, ignore_errors=True)
     if todo:
         step(
-            f"extract: {len(todo)} of {len(parts)} parts to do (rank {rank}/{world_size}), layers "
+            f"extract: {len(todo)} of {len(parts)} parts to do (rank {ranks.rank}/{ranks.world_size}), layers "
             f"{list(meta.layer_ids)}, backend {config.backend}"
         )
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(verifier_dir(root), trust_remote_code=provenance.trust_remote_code)
-        backend = open_capture(CaptureRequest(verifier_dir(root), provenance, meta.layer_ids, config, spool, dtype))
+        backend = open_capture(
+            CaptureRequest(
+                model_dir=verifier_dir(root),
+                provenance=provenance,
+                layer_ids=meta.layer_ids,
+                config=config,
+                spool=spool,
+                dtype=dtype,
+            )
+        )
         log = EnvironmentLog(
             out,
-            {
-                **capture(tensor_parallel_size=tensor_parallel, world_size=world_size, compute_dtype=dtype),
-                "backend": config.backend,
-            },
-            rank,
+            {**ranks.environment(tensor_parallel_size=tensor_parallel, compute_dtype=dtype), "backend": config.backend},
+            ranks.rank,
         )
         started = time.monotonic()
         try:
@@ -190,9 +186,10 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
                     remaining = [s for s in plan.shards if not (out / s.split / s.path_name).is_file()]
                     _check_disk(out, remaining, meta, config, len(todo) - bar.tasks[task].completed)
                     _write_shards(backend, out, plan, remaining, meta, config, made, extracted)
-                    write_json(
-                        out / plan.part.split / plan.part.done_name,
-                        {"shards": [s.path_name for s in plan.shards], "counts": dict(sorted(plan.counts.items()))},
+                    write_done(
+                        out / plan.part.split,
+                        plan.part.index,
+                        PartDone([s.path_name for s in plan.shards], dict(plan.counts)),
                     )
                     bar.advance(task)
         finally:
@@ -202,8 +199,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
                 spool.parent.rmdir()
     elapsed = time.monotonic() - started
     missing = [f"{part.split}/{part.path.name}" for part in parts if not _is_done(out, part)]
-    if missing:
-        step(f"extract: rank {rank}/{world_size} done; {len(missing)} parts still missing (other ranks): {missing[:4]}")
+    if not ranks.finished_unless_missing("extract", missing):
         return
     _write_index_and_metrics(root, out, parts, meta, dtype, extracted, elapsed)
 
@@ -239,9 +235,7 @@ def synthetic_parts(root: Path, splits: list[str], manifest: dict[str, Any]) -> 
 
 
 def _is_done(out: Path, part: Part) -> bool:
-    """Done: its record exists and every shard it lists is there (a deleted shard is redone)."""
-    record = out / part.split / part.done_name
-    return record.is_file() and all((out / part.split / name).is_file() for name in read_json(record, "")["shards"])
+    return is_done(out / part.split, part.index)
 
 
 def planned_parts(parts: list[Part], tokenizer: Any, config: ExtractParams, meta: ShardMeta) -> Iterator[PartPlan]:
@@ -349,7 +343,7 @@ def _write_shards(
     positions = [position for position, shard in enumerate(owner) if id(shard) in wanted]
     batches = [
         batch
-        for batch in part_batches(plan, config.batch_tokens, backend.pads_batches)
+        for batch in part_batches([shard.sequences for shard in plan.shards], config.batch_tokens, backend.pads_batches)
         if any(id(owner[position]) in wanted for position in batch)
     ]
     (out / plan.part.split).mkdir(parents=True, exist_ok=True)
@@ -381,7 +375,7 @@ def _check_disk(out: Path, shards: list[ShardPlan], meta: ShardMeta, config: Ext
         return
     tokens = sum(len(s.input_ids) for shard in shards for s in shard.sequences)
     per_token = raw_bytes_per_token(meta)
-    ratio = EXPECTED_RATIO[meta.storage]
+    ratio = STORAGES[meta.storage].planning_ratio
     needed = tokens * per_token / ratio * parts_left
     free = shutil.disk_usage(out).free
     if free - needed < config.reserve_free_gb * 1e9:
@@ -393,72 +387,6 @@ def _check_disk(out: Path, shards: list[ShardPlan], meta: ShardMeta, config: Ext
         )
 
 
-def part_batches(plan: PartPlan, batch_tokens: int, padded: bool) -> list[list[int]]:
-    """Batches of a part, as positions in its sequences (all shards, plan order). Padded batches (the `hf`
-    backend) are length-sorted within each shard: a batch pads to its longest sequence, so neighbours in length
-    waste little (default data, batch_tokens 8192: 1.02x padded tokens per real token, vs 1.55x in plan order), and
-    at most one shard's states wait to be written in plan order. Unpadded batches (`vllm`: no padding) are
-    consecutive in plan order across shard boundaries, `batch_tokens` real tokens each, so the engine is filled
-    however small the shards and one batch's states wait."""
-    if not padded:
-        batches, current, tokens, position = [], [], 0, 0
-        for shard in plan.shards:
-            for sequence in shard.sequences:
-                if current and tokens + len(sequence.input_ids) > batch_tokens:
-                    batches.append(current)
-                    current, tokens = [], 0
-                current.append(position)
-                tokens += len(sequence.input_ids)
-                position += 1
-        return batches + [current] if current else batches
-    batches, offset = [], 0
-    for shard in plan.shards:
-        batches += [[offset + i for i in batch] for batch in length_sorted_batches(shard.sequences, batch_tokens)]
-        offset += len(shard.sequences)
-    return batches
-
-
-def length_sorted_batches(sequences: list[Sequence], batch_tokens: int) -> list[list[int]]:
-    """Positions in `sequences`, shortest first, cut into batches of up to `batch_tokens` padded tokens."""
-    return cut_batches(
-        sequences, sorted(range(len(sequences)), key=lambda i: len(sequences[i].input_ids)), batch_tokens
-    )
-
-
-def cut_batches(sequences: list[Sequence], order: list[int], batch_tokens: int) -> list[list[int]]:
-    """Positions in `order`, cut into consecutive batches whose padded size (count x longest) fits `batch_tokens`."""
-    batches, current, longest = [], [], 0
-    for position in order:
-        length = len(sequences[position].input_ids)
-        if current and (len(current) + 1) * max(longest, length) > batch_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(position)
-        longest = max(longest, length)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def in_plan_order(
-    backend: HiddenStateCapture, sequences: list[Sequence], batches: list[list[int]], wanted: list[int]
-) -> Iterator[tuple[int, torch.Tensor]]:
-    """Run `batches` (positions in `sequences`) and hand on the states of the `wanted` positions (ascending) in
-    that order, each as soon as all before it are done, so bytes depend only on data and params. Holds the states
-    of wanted positions computed ahead of their turn, and no others."""
-    keep = set(wanted)
-    ready: dict[int, torch.Tensor] = {}
-    upcoming = iter(wanted)
-    position = next(upcoming, None)
-    for batch in batches:
-        for index, hidden in zip(batch, backend.forward([sequences[i] for i in batch]), strict=True):
-            if index in keep:
-                ready[index] = hidden
-        while position is not None and position in ready:
-            yield position, ready.pop(position)
-            position = next(upcoming, None)
-
-
 def _write_index_and_metrics(
     root: Path, out: Path, parts: list[Part], meta: ShardMeta, dtype: str, extracted: Extracted, elapsed: float
 ) -> None:
@@ -466,9 +394,9 @@ def _write_index_and_metrics(
     shards: dict[str, list[Path]] = {}
     counts: Counter = Counter()
     for part in parts:
-        record = read_json(out / part.split / part.done_name, "")
-        shards.setdefault(part.split, []).extend(out / part.split / name for name in record["shards"])
-        counts.update(record["counts"])
+        record = read_done(out / part.split, part.index)
+        shards.setdefault(part.split, []).extend(out / part.split / name for name in record.shards)
+        counts.update(record.counts)
     totals = write_index(out, meta, shards)
     per_token = raw_bytes_per_token(meta)
     metrics = {

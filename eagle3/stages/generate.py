@@ -38,29 +38,24 @@ from eagle3.paths import GENERATE_METRICS, SYNTHETIC_DIR
 from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import progress, step
 from eagle3.resume import measured_run, resume_or_reset
+from eagle3.scale_out import Slice
+from eagle3.scale_out import add_arguments as add_arguments  # the runner gives this stage --rank / --world-size
 
 
 class Params(StageParams):
     generate: GenerateParams
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rank", type=int, default=0, help="this process's slice of the parts (default 0)")
-    parser.add_argument("--world-size", type=int, default=1, help="number of slices run in parallel (default 1)")
-
-
 def run(params: Params, root: Path, options: argparse.Namespace | None = None) -> None:
     config = params.generate
-    rank, world_size = (options.rank, options.world_size) if options is not None else (0, 1)
-    if not 0 <= rank < world_size:
-        raise Eagle3Error(f"--rank {rank} must be in [0, --world-size {world_size})")
+    ranks = Slice.from_options(options)
     provenance = read_provenance(root)
     rows = {split: read_rows(root, split) for split in config.splits}
     out = root / SYNTHETIC_DIR
     tensor_parallel = config.vllm.tensor_parallel_size if config.backend == "vllm" else None
     dtype = compute_dtype(config)
-    environment = capture(tensor_parallel_size=tensor_parallel, world_size=world_size, compute_dtype=dtype)
-    if not resume_or_reset(out, run_settings(config, provenance, root, environment))[1]:
+    environment = ranks.environment(tensor_parallel_size=tensor_parallel, compute_dtype=dtype)
+    if not resume_or_reset(out, run_settings(config, provenance, root, environment)).kept:
         step("generate: no finished parts made with these settings; starting fresh")
 
     total_parts = {split: -(-len(split_rows) // config.chunk_size) for split, split_rows in rows.items()}
@@ -69,7 +64,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
         (split, index)
         for split in config.splits
         for index in range(total_parts[split])
-        if index % world_size == rank and index not in finished[split]
+        if ranks.owns(index) and index not in finished[split]
     ]
     done_before = sum(map(len, finished.values()))
 
@@ -90,11 +85,8 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
         # Captured again once the engine has set its switches; what made the parts, with the backend's own facts.
         log = EnvironmentLog(
             out,
-            {
-                **capture(tensor_parallel_size=tensor_parallel, world_size=world_size, compute_dtype=dtype),
-                **backend.environment(),
-            },
-            rank,
+            {**ranks.environment(tensor_parallel_size=tensor_parallel, compute_dtype=dtype), **backend.environment()},
+            ranks.rank,
         )
         started = time.monotonic()
 
@@ -132,9 +124,12 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
                 elapsed = time.monotonic() - started
                 backend.close()
 
-    missing = {s: total_parts[s] - len(finished_parts(out / s)) for s in config.splits}
-    if any(missing.values()):
-        step(f"rank {rank}/{world_size} done; parts still missing (other ranks): {missing}")
+    missing = [
+        f"{split}/{part_path(out / split, index).name}"
+        for split in config.splits
+        for index in sorted(set(range(total_parts[split])) - set(finished_parts(out / split)))
+    ]
+    if not ranks.finished_unless_missing("generate", missing):
         return
     write_manifest(out, config.splits)
     _write_metrics(root, out, config, dtype, stats, elapsed)

@@ -35,10 +35,10 @@ from eagle3.modeling.draft import DraftConfig
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.train import TrainParams
 from eagle3.paths import CHECKPOINT_DIR, HIDDEN_INDEX, VOCAB_FILE
-from eagle3.progress import progress, step
+from eagle3.progress import Quiet, progress, step
 from eagle3.resume import resume_or_reset, run_key
 from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
-from eagle3.training.distributed import Dist, Quiet, setup_distributed
+from eagle3.training.distributed import Dist, setup_distributed
 from eagle3.training.launch import launch, launcher_command
 from eagle3.training.log import Window, open_log
 from eagle3.training.objective import (
@@ -110,19 +110,19 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
     provenance = read_provenance(root)
     draft_config, dataset, vocab = build(root, config, provenance)
     if config.max_tokens_per_batch is None:
-        if config.batch_size % world.world:
+        if config.batch_size % world.size:
             raise Eagle3Error(
-                f"train.batch_size: {config.batch_size} must be a multiple of the number of processes ({world.world})"
+                f"train.batch_size: {config.batch_size} must be a multiple of the number of processes ({world.size})"
             )
         if len(dataset) < config.batch_size:
             raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {len(dataset)} training sequences")
     out = root / CHECKPOINT_DIR
     precision = training_precision(config, world.device)
     settings = run_settings(root, config, draft_config, provenance, precision)
-    environment = capture(world_size=world.world, compute_dtype=precision)
+    environment = capture(world_size=world.size, compute_dtype=precision)
     if config.pin_environment:
         settings["environment"] = fingerprint(environment)
-    if world.main and not resume_or_reset(out, settings)[1]:
+    if world.main and not resume_or_reset(out, settings).kept:
         step("train: no checkpoint made with these settings; starting fresh")
     world.barrier()
 
@@ -134,7 +134,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
         config.epochs,
         config.seed,
         world.rank,
-        world.world,
+        world.size,
         config.max_tokens_per_batch,
     )
     total = plan.total
@@ -156,7 +156,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
     plan.start = start
 
     model: nn.Module = objective
-    if world.world > 1:
+    if world.size > 1:
         # Buffers (the verifier's head rows, aux_scale) are identical on every rank by construction: no broadcast.
         model = nn.parallel.DistributedDataParallel(
             objective, broadcast_buffers=False, device_ids=[world.device.index] if world.device.type == "cuda" else None
@@ -224,4 +224,4 @@ def data_workers(config: TrainParams, world: Dist) -> int:
     if config.num_workers != "auto":
         return config.num_workers
     wanted = 2 if world.device.type == "cuda" else 1
-    return max(0, min(wanted, (os.cpu_count() or 1) // max(world.local_world, 1) - 1))
+    return max(0, min(wanted, (os.cpu_count() or 1) // max(world.local_size, 1) - 1))

@@ -15,54 +15,39 @@ import torch.distributed as dist
 @dataclass
 class Dist:
     rank: int = 0
-    world: int = 1
+    # Processes in the run (torchrun's WORLD_SIZE).
+    size: int = 1
     device: torch.device = torch.device("cpu")
     # Processes on this machine (torchrun's LOCAL_WORLD_SIZE): they share its cores and GPUs.
-    local_world: int = 1
+    local_size: int = 1
 
     @property
     def main(self) -> bool:
         return self.rank == 0
 
     def barrier(self) -> None:
-        if self.world > 1:
+        if self.size > 1:
             dist.barrier()
 
     def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
+        if self.size > 1:
             dist.all_reduce(tensor)
         return tensor
 
     def close(self) -> None:
-        if self.world > 1:
+        if self.size > 1:
             dist.destroy_process_group()
 
 
 def setup_distributed() -> Dist:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size == 1:
         return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-        return Dist(rank, world, torch.device("cuda", local), local_world)
+        return Dist(rank, size, torch.device("cuda", local), local_size)
     dist.init_process_group("gloo")
-    return Dist(rank, world, torch.device("cpu"), local_world)
-
-
-class Quiet:
-    """Stands in for the progress bar on ranks other than 0."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def add_task(self, *args, **kwargs):
-        return 0
-
-    def advance(self, *args):
-        pass
+    return Dist(rank, size, torch.device("cpu"), local_size)

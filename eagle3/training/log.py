@@ -76,7 +76,7 @@ class Window:
             self.loss += row[:steps]
             self.correct += row[steps : 2 * steps]
             self.counts += count
-            self.objective += float(row[2 * steps] / world.world)
+            self.objective += float(row[2 * steps] / world.size)
             self.tokens += int(row[2 * steps + 1])
             self.steps += 1
         self.pending, self.pending_counts, self.pending_tokens = [], [], []

@@ -1,11 +1,11 @@
 """What training optimises and one optimizer step of it, shared by the train stage and the benchmarks.
 
 Objective (SpecForge's, on vLLM's inference path, eagle3/modeling/draft.py): the draft is unrolled `ttt_steps`
-times; at step i position t predicts token t+2+i and is scored by soft cross-entropy against the verifier's
-own next-token distribution there, softmax(lm_head(final hidden)) restricted to the draft vocab, weighted
-step_weight**i. A position counts when the token it predicts is an assistant token (loss mask) the draft
-vocab can express. Each step's loss is averaged over the positions that count in the whole global batch, so 1
-and N processes compute the same loss.
+times; at step i position t predicts token t+2+i (eagle3/modeling/ttt_alignment.py) and is scored by soft
+cross-entropy against the verifier's own next-token distribution there, softmax(lm_head(final hidden))
+restricted to the draft vocab, weighted step_weight**i. A position counts when the token it predicts is an
+assistant token (loss mask) the draft vocab can express. Each step's loss is averaged over the positions that
+count in the whole global batch, so 1 and N processes compute the same loss.
 """
 
 import math
@@ -17,6 +17,7 @@ from torch import nn
 
 from eagle3.formats.vocab import draft_to_target
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.modeling.ttt_alignment import shift_left, target_offset, verifier_offset
 from eagle3.params.train import TrainParams
 from eagle3.precision import resolve
 from eagle3.training.distributed import Dist
@@ -30,6 +31,7 @@ class Objective(nn.Module):
     def __init__(
         self,
         draft: Eagle3Draft,
+        *,
         embed: torch.Tensor,
         draft_lm_head: torch.Tensor,
         t2d: torch.Tensor,
@@ -53,11 +55,7 @@ class Objective(nn.Module):
             probs = logits.float().softmax(-1)
             ids, mask = batch["input_ids"], batch["loss_mask"]
             counts = mask & self.t2d[ids]
-            masks = []
-            for i in range(self.steps):
-                shifted = torch.zeros_like(counts)
-                shifted[:, : max(ids.shape[1] - 2 - i, 0)] = counts[:, 2 + i :]
-                masks.append(shifted)
+            masks = [shift_left(counts, target_offset(i)) for i in range(self.steps)]
         return probs, logits.argmax(-1), masks
 
     def forward(
@@ -82,7 +80,7 @@ class Objective(nn.Module):
                 self.draft.norm(step_features[sequence, position]),
                 self.draft.lm_head.weight,
                 flat_probs,
-                sequence * tokens + position + 1 + i,
+                sequence * tokens + position + verifier_offset(i),
                 flat_top1,
             )
             sums.append(step_sum.detach())
@@ -120,19 +118,18 @@ def make_objective(
     head_dtype = getattr(torch, precision)
     return Objective(
         draft,
-        verifier["embed"],
-        verifier["lm_head"][draft_to_target(d2t)].to(head_dtype),
-        t2d,
-        config.ttt_steps,
-        config.step_weight,
-        config.activation_checkpointing,
+        embed=verifier["embed"],
+        draft_lm_head=verifier["lm_head"][draft_to_target(d2t)].to(head_dtype),
+        t2d=t2d,
+        steps=config.ttt_steps,
+        step_weight=config.step_weight,
+        recompute=config.activation_checkpointing,
     )
 
 
 def make_optimizer(draft: nn.Module, config: TrainParams) -> torch.optim.Optimizer:
-    # The fused kernel makes a whole training step 1.16-1.29x faster on this CPU than the per-parameter loop
-    # (benchmarks/train_step.py, draft vocab 8,192); it exists for CPU and CUDA and is as deterministic, so
-    # resume stays exact.
+    # The fused kernel is faster than the per-parameter loop (benchmarks/train_step.py measures both); it exists
+    # for CPU and CUDA and is as deterministic, so resume stays exact.
     return torch.optim.AdamW(
         draft.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=config.weight_decay, fused=True
     )
@@ -175,7 +172,7 @@ def train_step(
     probs, top1, masks = objective.targets(batch)
     counts = world.all_sum(torch.stack([m.sum() for m in masks]).float())
     with autocast(world.device, precision):
-        loss, sums, correct = model(batch, probs, top1, masks, counts, world.world)
+        loss, sums, correct = model(batch, probs, top1, masks, counts, world.size)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(objective.draft.parameters(), grad_clip)

@@ -37,14 +37,3 @@ class CaptureRequest:
     spool: Path
     # What the forward pass computes in (extract.dtype resolved: eagle3/precision.py); states are stored as bf16.
     dtype: str
-
-
-def open_capture(request: CaptureRequest) -> HiddenStateCapture:
-    """The backend extract.backend names: `hf` (transformers forward) or `vllm` (vLLM's extract_hidden_states)."""
-    if request.config.backend == "vllm":
-        from eagle3.engines.hidden_states.vllm_capture import VllmHiddenStates
-
-        return VllmHiddenStates(request)
-    from eagle3.engines.hidden_states.hf_capture import HfHiddenStates
-
-    return HfHiddenStates(request.model_dir, request.provenance.trust_remote_code, request.layer_ids, request.dtype)
