@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagle3.formats.storage import STORAGES
 from eagle3.paths import EXTRACT_METRICS
-from eagle3.tools.plan import CACHE_LINKS, GPUS, PRESETS, compute, duration, size
-from eagle3.tools.plan_inputs import STORAGE_GAIN, inputs_from_args
+from eagle3.tools.plan import CHECKPOINT_BYTES_PER_PARAM, TEXT_BYTES_PER_TOKEN, DiskNeed, Plan, compute
+from eagle3.tools.plan_inputs import inputs_from_args
+from eagle3.tools.plan_types import CACHE_LINKS, GPUS, PRESETS, Budget, dollars, duration, size, to_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--storage",
-        choices=list(STORAGE_GAIN),
+        choices=list(STORAGES),
         help="extract.storage the plan assumes (default: the one --metrics was measured with); every storage is "
         "shown beside it",
     )
@@ -118,70 +120,138 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
 
 
-def _disk_cell(disk: dict[str, Any]) -> str:
-    text = size(disk["bytes"])
-    if disk["budget_tb"] is None:
+def _disk_words(disk: DiskNeed) -> str:
+    text = size(disk.bytes)
+    if disk.budget_tb is not None:
+        text += f" of {disk.budget_tb:g} TB" + ("" if disk.fits else " (does not fit)")
+    return text
+
+
+def _budget_words(budget: Budget, unit: str) -> str:
+    if budget.low is None:
+        return f"the budget of {unit}{budget.high:g}"
+    return f"{unit}{budget.low:g}-{budget.high:g}"
+
+
+def answer(plan: Plan) -> list[str]:
+    """The two questions answered in words (disk; extract there or ship), then the budget check where one is given."""
+    inputs, a, b = plan.inputs, plan.scenarios.A, plan.scenarios.B
+    link = plan.rates.link_bytes_per_s * 8 / 1e9
+    lines = [
+        f"Disk: the rented machine needs {_disk_words(b.disk.there)} to extract there (B), or "
+        f"{_disk_words(a.disk.there)} to receive shipped hidden states (A); here A needs {_disk_words(a.disk.here)} "
+        f"(DVC cache link {inputs.cache_link}, +{inputs.headroom:.0%} headroom)."
+    ]
+    best, even = plan.recommendation, plan.break_even_a_vs_b
+    if even.samples is not None:
+        trade = (
+            f"shipping is cheaper below {even.samples:,.0f} samples of this length "
+            f"({size(even.stored_bytes)} stored), extracting there above"
+        )
+    else:
+        trade = f"{'shipping' if even.meaning.startswith('A') else 'extracting there'} is cheaper at any size"
+    ship = f"ship {size(plan.sizes.hidden_states.stored_bytes)} over {link:.2f} Gbit/s"
+    if best is None:
+        limits = "; ".join(
+            f"{key}: {', '.join(s.problems)}"
+            + "".join(
+                f" (at most {need.largest_samples:,} samples of this length fit {side})"
+                for side, need in s.disk.sides()
+                if not need.fits
+            )
+            for key, s in (("A", a), ("B", b))
+        )
+        lines.append(f"Neither layout works with these inputs: {limits}.")
+        return lines
+    chosen, other = (b, a) if best == "B" else (a, b)
+    verb = "Extract on the rented machine (B)" if best == "B" else f"Extract here and {ship} (A)"
+    alternative = f"{ship} (A)" if best == "B" else "extract there (B)"
+    if other.feasible:
+        versus = f"{alternative}: {duration(other.rented_s)}, {dollars(other.cost_usd)}"
+    else:
+        versus = f"{alternative} is ruled out: {', '.join(other.problems)}"
+    lines.append(f"{verb}: {duration(chosen.rented_s)} rented, {dollars(chosen.cost_usd)} ({versus}); {trade}.")
+    usd, hours = inputs.budget_usd, inputs.budget_hours
+    if usd is not None or hours is not None:
+        verdicts = []
+        if usd is not None:
+            verdicts.append(f"{dollars(chosen.cost_usd)} is {chosen.budget.usd} {_budget_words(usd, '$')}")
+        if hours is not None:
+            used = f"{chosen.rented_s / 3600:.2g} h"
+            verdicts.append(f"{used} is {chosen.budget.hours} {_budget_words(hours, '')} h")
+        lines.append(f"Budget ({best}, training included): " + "; ".join(verdicts) + ".")
+    return lines
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    """The plan's JSON: every figure, then the answer in words."""
+    return to_json(plan) | {"answer": answer(plan)}
+
+
+def _disk_cell(disk: DiskNeed) -> str:
+    text = size(disk.bytes)
+    if disk.budget_tb is None:
         return text
-    verdict = "fits" if disk["fits"] else "does not fit"
-    most = disk["largest_samples"]
-    return f"{text}: {verdict} {disk['budget_tb']:g} TB" + (f" (max {most:,} samples)" if most is not None else "")
+    verdict = "fits" if disk.fits else "does not fit"
+    most = disk.largest_samples
+    return f"{text}: {verdict} {disk.budget_tb:g} TB" + (f" (max {most:,} samples)" if most is not None else "")
 
 
-def render(plan: dict[str, Any]) -> None:
+def render(plan: Plan) -> None:
     from rich.console import Console
     from rich.table import Table
 
     # A pipe gets 80 columns by default, which folds the scenario table into unreadable cells.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
-    for line in plan["answer"]:
+    for line in answer(plan):
         console.print(f"[bold]{line}[/bold]")
-    for warning in plan["warnings"]:
+    for warning in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
-    inputs, v = plan["inputs"], plan["inputs"]["verifier"]
+    inputs, v, sizes = plan.inputs, plan.inputs.verifier, plan.sizes
     console.print(
-        f"\n{v['name']}: hidden {v['hidden_size']}, {v['num_layers']} layers, vocab {v['vocab_size']}; "
-        f"{inputs['samples']:,} samples x {inputs['mean_tokens']:,.0f} tokens = {plan['tokens']:,.0f} tokens"
+        f"\n{v.name}: hidden {v.hidden_size}, {v.num_layers} layers, vocab {v.vocab_size}; "
+        f"{inputs.samples:,} samples x {inputs.mean_tokens:,.0f} tokens = {sizes.tokens:,.0f} tokens"
     )
-    sizes = Table(title="Sizes", title_justify="left")
-    sizes.add_column("item")
-    sizes.add_column("size", justify="right")
-    sizes.add_column("how")
-    hidden = plan["hidden_states"]
-    sizes.add_row(
+    table = Table(title="Sizes", title_justify="left")
+    table.add_column("item")
+    table.add_column("size", justify="right")
+    table.add_column("how")
+    hidden = sizes.hidden_states
+    table.add_row(
         "bytes per token",
-        f"{plan['bytes_per_token']:,} B",
-        f"{inputs['captured_layers']} layers x {v['hidden_size']} x {inputs['bytes_per_element']} B",
+        f"{sizes.bytes_per_token:,} B",
+        f"{inputs.captured_layers} layers x {v.hidden_size} x {inputs.bytes_per_element} B",
     )
-    sizes.add_row("hidden states, raw", size(hidden["raw_bytes"]), "tokens x bytes per token")
-    sizes.add_row(
+    table.add_row("hidden states, raw", size(hidden.raw_bytes), "tokens x bytes per token")
+    table.add_row(
         "hidden states, stored",
-        size(hidden["stored_bytes"]),
-        f"raw / {inputs['compression_ratio']:g} ({inputs['sources']['compression_ratio']})",
+        size(hidden.stored_bytes),
+        f"raw / {inputs.compression_ratio:g} ({inputs.sources['compression_ratio']})",
     )
-    sizes.add_row("largest sample", size(hidden["largest_sample_bytes"]), f"{inputs['max_tokens']:,} tokens")
-    sizes.add_row("verifier weights", size(plan["verifier_weights_bytes"]), "there in B and C; never copied by DVC")
-    sizes.add_row(
+    table.add_row("largest sample", size(hidden.largest_sample_bytes), f"{inputs.max_tokens:,} tokens")
+    table.add_row("verifier weights", size(sizes.verifier_weights_bytes), "there in B and C; never copied by DVC")
+    table.add_row(
         "verifier embedding + lm_head",
-        size(plan["verifier_train_tensors_bytes"]),
+        size(sizes.verifier_train_tensors_bytes),
         "all of the verifier that training reads (there in A)",
     )
-    sizes.add_row("prompts + answers (text)", size(plan["text_bytes"]), "~4 B per token")
-    sizes.add_row(
+    table.add_row("prompts + answers (text)", size(sizes.text_bytes), f"~{TEXT_BYTES_PER_TOKEN} B per token")
+    table.add_row(
         "draft checkpoints",
-        size(plan["checkpoints_bytes"]),
-        f"{plan['draft_params'] / 1e9:.2f}B params x 12 B x {inputs['keep_checkpoints']}",
+        size(sizes.checkpoints_bytes),
+        f"{sizes.draft_params / 1e9:.2f}B params x {CHECKPOINT_BYTES_PER_PARAM} B x {inputs.keep_checkpoints}",
     )
-    console.print(sizes)
+    console.print(table)
 
-    rates, sources = plan["rates"], inputs["sources"]
+    rates, sources = plan.rates, inputs.sources
     rows = [
-        ("link", f"{rates['link_bytes_per_s'] * 8 / 1e9:.2f} Gbit/s", sources["link"]),
-        ("rented machine", f"${rates['machine_usd_per_hour']:,.2f}/h", sources["there"]),
+        ("link", f"{rates.link_bytes_per_s * 8 / 1e9:.2f} Gbit/s", sources["link"]),
+        ("rented machine", f"${rates.machine_usd_per_hour:,.2f}/h", sources["there"]),
         ("here", "", sources["here"]),
-        ("extraction there", f"{rates['extract_there_tokens_per_s']:,.0f} tokens/s", sources["extract_there"]),
-        ("extraction here", f"{rates['extract_here_tokens_per_s']:,.0f} tokens/s", sources["extract_here"]),
-        ("training there", f"{rates['train_tokens_per_s']:,.0f} tokens/s", sources["train"]),
-        ("DVC cache link", inputs["cache_link"], sources["cache_link"]),
+        ("extraction there", f"{rates.extract_there_tokens_per_s:,.0f} tokens/s", sources["extract_there"]),
+        ("extraction here", f"{rates.extract_here_tokens_per_s:,.0f} tokens/s", sources["extract_here"]),
+        ("training there", f"{rates.train_tokens_per_s:,.0f} tokens/s", sources["train"]),
+        ("DVC cache link", inputs.cache_link, sources["cache_link"]),
     ]
     table = Table(title="Rates and machines", title_justify="left")
     for column in ("", "value", "source"):
@@ -190,54 +260,51 @@ def render(plan: dict[str, Any]) -> None:
         table.add_row(*row)
     console.print(table)
 
-    best = plan["recommendation"]
     table = Table(title="Scenarios (rented time includes training)", title_justify="left")
     for column in ("", "scenario", "rented steps", "rented", "cost", "disk there", "disk here"):
         table.add_column(column, justify="right" if column in ("rented", "cost") else "left")
-    for key, s in plan["scenarios"].items():
-        steps = [f"{name.replace('_', ' ')} {duration(sec)}" for name, sec in s["rented_steps_s"].items()]
-        steps += [
-            f"(before renting: {name.replace('_', ' ')} {duration(sec)})" for name, sec in s["here_steps_s"].items()
-        ]
+    for key, s in plan.scenarios.items():
+        steps = [f"{name.replace('_', ' ')} {duration(sec)}" for name, sec in s.rented_steps_s.items()]
+        steps += [f"(before renting: {name.replace('_', ' ')} {duration(sec)})" for name, sec in s.here_steps_s.items()]
         table.add_row(
-            ("* " if key == best else "") + key,
-            s["name"],
+            ("* " if key == plan.recommendation else "") + key,
+            s.name,
             ", ".join(steps),
-            duration(s["rented_s"]),
-            f"${s['cost_usd']:,.0f}",
-            _disk_cell(s["disk"]["there"]),
-            _disk_cell(s["disk"]["here"]),
+            duration(s.rented_s),
+            f"${s.cost_usd:,.0f}",
+            _disk_cell(s.disk.there),
+            _disk_cell(s.disk.here),
         )
     console.print(table)
     table = Table(title="Hidden-state storage (extract.storage)", title_justify="left")
     for column in ("storage", "x raw", "stored", "ship (A)", "disk there A / B", "A", "B", "best"):
         table.add_column(column, justify="left" if column in ("storage", "best") else "right")
-    for option in plan["storage_options"]:
-        a, b = option["scenarios"]["A"], option["scenarios"]["B"]
+    for option in plan.storage_options:
+        a, b = option.scenarios.A, option.scenarios.B
         table.add_row(
-            ("* " if option["storage"] == plan["inputs"]["storage"] else "") + option["storage"],
-            f"{option['compression_ratio']:.2f}",
-            size(option["stored_bytes"]),
-            duration(option["ship_hidden_states_s"]),
-            f"{size(a['there_disk_bytes'])} / {size(b['there_disk_bytes'])}",
-            f"{duration(a['rented_s'])}, ${a['cost_usd']:,.0f}",
-            f"{duration(b['rented_s'])}, ${b['cost_usd']:,.0f}",
-            option["recommendation"] or "none fits",
+            ("* " if option.storage == inputs.storage else "") + option.storage,
+            f"{option.compression_ratio:.2f}",
+            size(option.stored_bytes),
+            duration(option.ship_hidden_states_s),
+            f"{size(a.there_disk_bytes)} / {size(b.there_disk_bytes)}",
+            f"{duration(a.rented_s)}, ${a.cost_usd:,.0f}",
+            f"{duration(b.rented_s)}, ${b.cost_usd:,.0f}",
+            option.recommendation or "none fits",
         )
     console.print(table)
-    even = plan["break_even_a_vs_b"]
-    if even["tokens"] is None:
-        console.print(f"break-even A vs B: none; {even['meaning']}")
+    even = plan.break_even_a_vs_b
+    if even.tokens is None:
+        console.print(f"break-even A vs B: none; {even.meaning}")
     else:
         console.print(
-            f"break-even A vs B: {even['tokens']:,.0f} tokens = {even['samples']:,.0f} samples of this length "
-            f"({size(even['raw_bytes'])} raw, {size(even['stored_bytes'])} stored); {even['meaning']}"
+            f"break-even A vs B: {even.tokens:,.0f} tokens = {even.samples:,.0f} samples of this length "
+            f"({size(even.raw_bytes)} raw, {size(even.stored_bytes)} stored); {even.meaning}"
         )
 
 
 def main(args: argparse.Namespace) -> None:
     plan = compute(inputs_from_args(args, Path.cwd()))
     if args.json:
-        print(json.dumps(plan, indent=2))
+        print(json.dumps(plan_json(plan), indent=2))
     else:
         render(plan)

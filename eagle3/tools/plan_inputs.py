@@ -1,68 +1,35 @@
 """Where each input of `eagle3 plan` comes from: flags, presets, the project's measured metrics and DVC config, and
-the verifier's own config. Every value is checked here, so a bad one ends in one error line naming its flag, and
-each input that was not given says its source (`Inputs.sources`) or why it may mislead (`Inputs.warnings`)."""
+the verifier's own config (eagle3/tools/plan_verifier.py). Every value is checked here, so a bad one ends in one
+error line naming its flag, and each input that was not given says its source (`Inputs.sources`) or why it may
+mislead (`Inputs.warnings`)."""
 
 import argparse
 import configparser
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eagle3.errors import Eagle3Error
-from eagle3.formats.hf_config import text_config
+from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.paths import PROVENANCE
-from eagle3.tools.plan import (
+from eagle3.tools.plan_types import (
     CACHE_LINKS,
     GB,
     GPU_MEMORY_UTILIZATION,
     GPUS,
-    PRESETS,
     TRAIN_MEASURED,
     Budget,
     Inputs,
     Machine,
     VerifierShape,
+    weights_fit,
 )
+from eagle3.tools.plan_verifier import verifier_from_args
 
-# Stored size of each extract.storage relative to bf16-lossless (raw/stored over raw/stored), measured on the
-# embedded verifier's real states by benchmarks/storage_8bit.py: how a ratio measured with one storage becomes
-# another's. The fp8 storages' gain depends little on the model (a fixed byte per value plus a scale per token).
-STORAGE_GAIN = {"bf16-lossless": 1.0, "fp8-aux": 1.378, "fp8": 1.572, "fp8-compact": 1.774}
-
-
-def verifier_shape(spec: str) -> VerifierShape:
-    """A preset name, or a Hugging Face config.json (a multimodal one's `text_config` is used). The weights' size
-    comes from model.safetensors.index.json beside it, else from the *.safetensors files there."""
-    if spec in PRESETS:
-        return PRESETS[spec]
-    path = Path(spec)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise Eagle3Error(f"unknown verifier {spec!r}: not a preset ({', '.join(PRESETS)}) and no such config.json")
-    try:
-        config = json.loads(path.read_text())
-        text = text_config(config)
-        hidden, layers, vocab = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["vocab_size"])
-        intermediate = int(text.get("intermediate_size") or 4 * hidden)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise Eagle3Error(
-            f"{path}: not a usable verifier config.json ({type(exc).__name__}: {exc}); it needs hidden_size, "
-            "num_hidden_layers and vocab_size"
-        ) from None
-    weights = None
-    index = path.with_name("model.safetensors.index.json")
-    if index.is_file():
-        try:
-            weights = float(json.loads(index.read_text())["metadata"]["total_size"])
-        except (OSError, ValueError, KeyError, TypeError):
-            weights = None
-    if weights is None:
-        weights = float(sum(f.stat().st_size for f in path.parent.glob("*.safetensors"))) or None
-    name = config.get("_name_or_path") or str(path.parent)
-    return VerifierShape(name, hidden, layers, vocab, intermediate, None, None, weights)
+# How a ratio measured with one extract.storage becomes another's (eagle3/formats/storage.py).
+STORAGE_GAIN = {name: storage.gain_over_lossless for name, storage in STORAGES.items()}
 
 
 def read_extract_metrics(path: Path) -> dict[str, Any]:
@@ -130,41 +97,21 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _gpu(flag: str, name: str) -> str:
+def _check_gpu(flag: str, name: str) -> None:
     if name not in GPUS:
         raise Eagle3Error(f"{flag}: unknown GPU {name!r}; presets: {', '.join(GPUS)}")
-    return name
+
+
+# Flags (as attribute names) that must be > 0 where given, in the order their errors take precedence.
+POSITIVE = (
+    "samples mean_tokens max_tokens layers bytes_per_element link_gbit link_efficiency weights_link_gbit "
+    "extract_tokens_per_s gpus gpu_tflops mfu here_gpus here_share here_tokens_per_s train_tokens_per_s epochs "
+    "draft_vocab keep_checkpoints disk_tb here_disk_tb compression_ratio active_params weights_gb probe_mb jobs"
+).split()
 
 
 def _check_values(args: argparse.Namespace) -> None:
-    for name in (
-        "samples",
-        "mean_tokens",
-        "max_tokens",
-        "layers",
-        "bytes_per_element",
-        "link_gbit",
-        "link_efficiency",
-        "weights_link_gbit",
-        "extract_tokens_per_s",
-        "gpus",
-        "gpu_tflops",
-        "mfu",
-        "here_gpus",
-        "here_share",
-        "here_tokens_per_s",
-        "train_tokens_per_s",
-        "epochs",
-        "draft_vocab",
-        "keep_checkpoints",
-        "disk_tb",
-        "here_disk_tb",
-        "compression_ratio",
-        "active_params",
-        "weights_gb",
-        "probe_mb",
-        "jobs",
-    ):
+    for name in POSITIVE:
         _positive(_flag(name), getattr(args, name))
     for name in ("gpu_usd_per_hour", "here_usd_per_hour", "headroom"):
         _positive(_flag(name), getattr(args, name), allow_zero=True)
@@ -180,179 +127,276 @@ def _check_values(args: argparse.Namespace) -> None:
         raise Eagle3Error(f"--cache-link: unknown link type {args.cache_link!r}; one of {', '.join(CACHE_LINKS)}")
 
 
-def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
+@dataclass(frozen=True)
+class CheckedArgs:
+    """What the flags give once checked: the longest sample (default: the mean, rounded up) and the budgets."""
+
+    max_tokens: int
+    budget_usd: Budget | None
+    budget_hours: Budget | None
+
+
+def validate_args(args: argparse.Namespace) -> CheckedArgs:
+    """Every flag on its own, before any file is read, so that the first bad one is the error reported."""
     _check_values(args)
-    mean_tokens = args.mean_tokens
-    max_tokens = args.max_tokens if args.max_tokens is not None else int(math.ceil(mean_tokens))
-    if mean_tokens > max_tokens:
-        raise Eagle3Error(f"--mean-tokens ({mean_tokens:g}) cannot exceed --max-tokens ({max_tokens})")
-    there_gpu, here_gpu = _gpu("--gpu", args.gpu), _gpu("--here-gpu", args.here_gpu)
-    budget_usd = parse_budget("--budget-usd", args.budget_usd)
-    budget_hours = parse_budget("--budget-hours", args.budget_hours)
+    max_tokens = args.max_tokens if args.max_tokens is not None else int(math.ceil(args.mean_tokens))
+    if args.mean_tokens > max_tokens:
+        raise Eagle3Error(f"--mean-tokens ({args.mean_tokens:g}) cannot exceed --max-tokens ({max_tokens})")
+    _check_gpu("--gpu", args.gpu)
+    _check_gpu("--here-gpu", args.here_gpu)
+    return CheckedArgs(
+        max_tokens, parse_budget("--budget-usd", args.budget_usd), parse_budget("--budget-hours", args.budget_hours)
+    )
 
-    verifier = verifier_shape(args.verifier)
-    if args.active_params is not None:
-        verifier = replace(verifier, active_params=args.active_params)
-    if args.weights_gb is not None:
-        verifier = replace(verifier, weights_bytes=args.weights_gb * GB)
-    if verifier.weights_bytes is None:
-        raise Eagle3Error(
-            f"verifier {args.verifier!r}: weights size unknown (no safetensors beside its config.json): pass "
-            "--weights-gb"
-        )
-    derives_extraction = args.extract_tokens_per_s is None or args.here_tokens_per_s is None
-    if derives_extraction and verifier.active_params is None:
-        raise Eagle3Error(
-            f"verifier {args.verifier!r} has no parameter count: pass --active-params to derive extraction speeds "
-            "from GPU FLOP/s, or --extract-tokens-per-s and --here-tokens-per-s"
-        )
-    sources = {"verifier": args.verifier}
-    warnings: list[str] = []
 
+@dataclass(frozen=True)
+class Measured:
+    """The extract stage's metrics where the plan needs them, and the verifier the project measured them on."""
+
+    metrics: dict[str, Any] | None
+    verifier: str | None
+    same_verifier: bool
+
+    @property
+    def on(self) -> str:
+        return self.verifier or "an unrecorded verifier"
+
+
+def read_measurements(args: argparse.Namespace, root: Path, verifier: VerifierShape) -> Measured:
+    """The metrics are needed for the ratio unless --compression-ratio is given, and read for the rate here as long
+    as they were measured on this verifier."""
     metrics_path = root / args.metrics
     measured_on = measured_verifier(root)
     same_verifier = measured_on == verifier.name
     wanted = args.compression_ratio is None or (same_verifier and metrics_path.is_file())
-    metrics = read_extract_metrics(metrics_path) if wanted else None
-    measured_storage = metrics.get("storage", "bf16-lossless") if metrics else None
-    storage = args.storage or measured_storage or "bf16-lossless"
-    ratio = args.compression_ratio
-    sources["compression_ratio"] = f"--compression-ratio (storage {storage})"
-    if ratio is None:
-        ratio = float(metrics["compression_ratio"])
-        _positive(f"{args.metrics}: compression_ratio", ratio)
-        sources["compression_ratio"] = (
-            f"{args.metrics}, measured with storage {measured_storage} on {measured_on or 'an unrecorded verifier'}"
+    return Measured(read_extract_metrics(metrics_path) if wanted else None, measured_on, same_verifier)
+
+
+def storage_ratios(ratio: float, storage: str) -> dict[str, float]:
+    """`ratio`, that of `storage`, rescaled to every storage by their gains over lossless."""
+    return {name: ratio * gain / STORAGE_GAIN[storage] for name, gain in STORAGE_GAIN.items()}
+
+
+@dataclass(frozen=True)
+class CompressionRatio:
+    ratio: float
+    storage: str
+    source: str
+    # extract.storage's every choice at this ratio's scale
+    storage_ratios: dict[str, float]
+    # read from metrics measured on another verifier's states, which the plan warns of
+    measured_elsewhere: bool
+
+
+def compression_ratio(args: argparse.Namespace, measured: Measured) -> CompressionRatio:
+    """--compression-ratio, else the measured one rescaled from the storage it was measured with to --storage's."""
+    metrics = measured.metrics
+    # A metrics file older than extract.storage was written by the lossless codec.
+    measured_storage = metrics.get("storage", DEFAULT_STORAGE) if metrics else None
+    storage = args.storage or measured_storage or DEFAULT_STORAGE
+    if args.compression_ratio is not None:
+        ratio = args.compression_ratio
+        return CompressionRatio(
+            ratio, storage, f"--compression-ratio (storage {storage})", storage_ratios(ratio, storage), False
         )
-        if storage != measured_storage:
-            factor = STORAGE_GAIN[storage] / STORAGE_GAIN[measured_storage]
-            ratio *= factor
-            sources["compression_ratio"] += f", x{factor:.3f} for {storage} (benchmarks/storage_8bit.py)"
-        if not same_verifier:
-            warnings.append(
-                f"the compression ratio {ratio:g} was measured on {measured_on or 'an unrecorded verifier'}'s states, "
-                f"not {verifier.name}'s; split-byte zstd of bf16 states should carry over (README), but measure it "
-                "on a few real samples and pass --compression-ratio"
-            )
+    ratio = float(metrics["compression_ratio"])
+    _positive(f"{args.metrics}: compression_ratio", ratio)
+    source = f"{args.metrics}, measured with storage {measured_storage} on {measured.on}"
+    if storage != measured_storage:
+        factor = STORAGE_GAIN[storage] / STORAGE_GAIN[measured_storage]
+        ratio *= factor
+        source += f", x{factor:.3f} for {storage} (benchmarks/storage_8bit.py)"
+    return CompressionRatio(ratio, storage, source, storage_ratios(ratio, storage), not measured.same_verifier)
 
-    storage_ratios = {name: ratio * gain / STORAGE_GAIN[storage] for name, gain in STORAGE_GAIN.items()}
 
-    there = Machine(
-        there_gpu,
-        args.gpus,
-        args.gpu_tflops or GPUS[there_gpu].bf16_tflops,
-        GPUS[there_gpu].usd_per_hour if args.gpu_usd_per_hour is None else args.gpu_usd_per_hour,
-        args.disk_tb,
-    )
-    here = Machine(here_gpu, args.here_gpus, GPUS[here_gpu].bf16_tflops, 0.0, args.here_disk_tb)
-    sources["there"] = (
-        f"{there.gpus} x {GPUS[there_gpu].name}: {there.tflops:g} TFLOP/s, {there.memory_gb:g} GB, "
-        f"${there.usd_per_gpu_hour:g}/GPU-hour" + (" (preset)" if args.gpu_usd_per_hour is None else "")
-    )
-    sources["here"] = f"{here.gpus} x {GPUS[here_gpu].name}: {here.tflops:g} TFLOP/s, {here.memory_gb:g} GB"
-    sources["extract_there"] = (
-        "--extract-tokens-per-s"
-        if args.extract_tokens_per_s is not None
-        else f"derived: {there.gpus} GPUs x {there.tflops:g} TFLOP/s x MFU {args.mfu:g}"
-    )
+def machines(args: argparse.Namespace) -> tuple[Machine, Machine]:
+    """The rented machine and this one, from their GPU presets and the flags that override them."""
+    gpu = GPUS[args.gpu]
+    usd = gpu.usd_per_hour if args.gpu_usd_per_hour is None else args.gpu_usd_per_hour
+    there = Machine(args.gpu, args.gpus, args.gpu_tflops or gpu.bf16_tflops, usd, args.disk_tb)
+    here = Machine(args.here_gpu, args.here_gpus, GPUS[args.here_gpu].bf16_tflops, 0.0, args.here_disk_tb)
+    return there, here
 
-    here_tps = args.here_tokens_per_s
-    sources["extract_here"] = "--here-tokens-per-s"
-    if here_tps is None:
-        measured = (metrics.get("this_run") or {}).get("tokens_per_s") if same_verifier and metrics else None
-        if isinstance(measured, (int, float)) and measured > 0:
-            here_tps = float(measured)
-            sources["extract_here"] = f"{args.metrics} this_run.tokens_per_s, measured here on {measured_on}"
-        else:
-            sources["extract_here"] = (
-                f"derived: {here.gpus} GPUs x {here.tflops:g} TFLOP/s x MFU {args.mfu:g} x share {args.here_share:g}"
-                + (f" (the measured rate is {measured_on}'s, not this verifier's)" if measured_on else "")
-            )
 
-    train_per_gpu = args.train_tokens_per_s
-    sources["train"] = (
-        "--train-tokens-per-s per GPU"
-        if train_per_gpu is not None
-        else f"measured {TRAIN_MEASURED.tokens_per_s:,.0f} tokens/s on one {GPUS[TRAIN_MEASURED.gpu].name} "
+def _machine_words(machine: Machine) -> str:
+    return f"{machine.gpus} x {GPUS[machine.gpu].name}: {machine.tflops:g} TFLOP/s, {machine.memory_gb:g} GB"
+
+
+def _derived_words(machine: Machine, mfu: float) -> str:
+    return f"derived: {machine.gpus} GPUs x {machine.tflops:g} TFLOP/s x MFU {mfu:g}"
+
+
+def here_extraction_rate(args: argparse.Namespace, measured: Measured, here: Machine) -> tuple[float | None, str]:
+    """Extraction speed here and its source: --here-tokens-per-s, else the metrics' on this verifier; None: the plan
+    derives it from FLOP/s."""
+    if args.here_tokens_per_s is not None:
+        return args.here_tokens_per_s, "--here-tokens-per-s"
+    metrics = measured.metrics
+    rate = (metrics.get("this_run") or {}).get("tokens_per_s") if measured.same_verifier and metrics else None
+    if isinstance(rate, (int, float)) and rate > 0:
+        return float(rate), f"{args.metrics} this_run.tokens_per_s, measured here on {measured.verifier}"
+    elsewhere = f" (the measured rate is {measured.verifier}'s, not this verifier's)" if measured.verifier else ""
+    return None, f"{_derived_words(here, args.mfu)} x share {args.here_share:g}{elsewhere}"
+
+
+def _train_source(args: argparse.Namespace, there: Machine) -> str:
+    if args.train_tokens_per_s is not None:
+        return "--train-tokens-per-s per GPU"
+    measured_gpu = GPUS[TRAIN_MEASURED.gpu]
+    return (
+        f"measured {TRAIN_MEASURED.tokens_per_s:,.0f} tokens/s on one {measured_gpu.name} "
         f"({TRAIN_MEASURED.sample_tokens:,}-token samples, {TRAIN_MEASURED.ttt_steps} TTT steps) x "
-        f"{there.tflops:g} / {GPUS[TRAIN_MEASURED.gpu].bf16_tflops:g} TFLOP/s, {there.gpus} GPUs"
+        f"{there.tflops:g} / {measured_gpu.bf16_tflops:g} TFLOP/s, {there.gpus} GPUs"
     )
+
+
+@dataclass(frozen=True)
+class CacheLink:
+    link: str
+    source: str
+    # no usable cache.type in the project's DVC config, so DVC's default (which copies on ext4) would apply
+    assumed: bool
+
+
+def check_cache_link(args: argparse.Namespace, root: Path) -> CacheLink:
+    """--cache-link, else the first link type this project's DVC config sets, else the README's hardlink."""
+    if args.cache_link is not None:
+        return CacheLink(args.cache_link, "--cache-link", assumed=False)
+    configured = configured_cache_link(root)
+    if configured in CACHE_LINKS:
+        return CacheLink(configured, "this project's DVC config (cache.type)", assumed=False)
+    return CacheLink("hardlink", "assumed: the README's `cache.type hardlink,symlink`", assumed=True)
+
+
+@dataclass(frozen=True)
+class Link:
+    gbit: float
+    efficiency: float
+    measurement: dict[str, Any] | None
+    source: str
+
+
+def probe_link(args: argparse.Namespace, root: Path) -> Link:
+    """--link-gbit x --link-efficiency, or with --link-from-remote an upload to that remote, measured."""
+    if not args.link_from_remote:
+        return Link(args.link_gbit, args.link_efficiency, None, "--link-gbit x --link-efficiency")
+    from eagle3.tools.remotes import measure_upload
+
+    measurement = measure_upload(root, args.link_from_remote, int(args.probe_mb * 1e6), args.jobs)
+    return Link(
+        measurement["parallel_gbit"],
+        1.0,
+        measurement,
+        f"measured: {args.probe_mb:g} MB to DVC remote {args.link_from_remote!r}, one stream "
+        f"{measurement['single_gbit']:.3g} Gbit/s, {measurement['jobs']} streams {measurement['parallel_gbit']:.3g}"
+        " Gbit/s (used: `dvc push --jobs` runs as many)",
+    )
+
+
+def _long_sample_warning(max_tokens: int, there: Machine) -> str | None:
     # The quadratic trainer's measured limit, scaled by memory as its T x T attention was: the linear-memory one
     # (eagle3/modeling/attention.py) has not been measured on a GPU yet, so a longer sample is flagged, not refused.
     measured_gpu = GPUS[TRAIN_MEASURED.gpu]
     fitting = int(TRAIN_MEASURED.longest_fitting_tokens * math.sqrt(there.memory_gb / measured_gpu.memory_gb))
-    if max_tokens > fitting:
+    if max_tokens <= fitting:
+        return None
+    return (
+        f"samples of {max_tokens:,} tokens: training memory is now linear in length but not yet measured on a "
+        f"GPU; the quadratic trainer before it fitted at most {TRAIN_MEASURED.longest_fitting_tokens:,} tokens x "
+        f"{TRAIN_MEASURED.ttt_steps} TTT steps in an {measured_gpu.name}'s {measured_gpu.memory_gb:g} GB "
+        f"(~{fitting:,} in {there.memory_gb:g} GB). Run `python benchmarks/train_gpu.py --tokens {max_tokens}` "
+        "on one GPU of the rented kind before booking (train.activation_checkpointing and "
+        "train.max_tokens_per_batch bound the memory)"
+    )
+
+
+def collect_warnings(
+    verifier: VerifierShape,
+    measured: Measured,
+    compression: CompressionRatio,
+    max_tokens: int,
+    there: Machine,
+    here: Machine,
+    cache: CacheLink,
+) -> list[str]:
+    """Each input that may mislead, in the order the plan prints them."""
+    warnings = []
+    if compression.measured_elsewhere:
         warnings.append(
-            f"samples of {max_tokens:,} tokens: training memory is now linear in length but not yet measured on a "
-            f"GPU; the quadratic trainer before it fitted at most {TRAIN_MEASURED.longest_fitting_tokens:,} tokens x "
-            f"{TRAIN_MEASURED.ttt_steps} TTT steps in an {measured_gpu.name}'s {measured_gpu.memory_gb:g} GB "
-            f"(~{fitting:,} in {there.memory_gb:g} GB). Run `python benchmarks/train_gpu.py --tokens {max_tokens}` "
-            "on one GPU of the rented kind before booking (train.activation_checkpointing and "
-            "train.max_tokens_per_batch bound the memory)"
+            f"the compression ratio {compression.ratio:g} was measured on {measured.on}'s states, not "
+            f"{verifier.name}'s; split-byte zstd of bf16 states should carry over (README), but measure it on a few "
+            "real samples and pass --compression-ratio"
         )
+    long_sample = _long_sample_warning(max_tokens, there)
+    if long_sample is not None:
+        warnings.append(long_sample)
     for side, machine in (("here", here), ("there", there)):
-        if verifier.weights_bytes > machine.gpus * machine.memory_gb * GB * GPU_MEMORY_UTILIZATION:
+        if not weights_fit(verifier.weights_bytes, machine):
             warnings.append(
                 f"the verifier's {verifier.weights_bytes / GB:,.0f} GB of weights do not fit {side} "
                 f"({machine.gpus} x {machine.memory_gb:g} GB x {GPU_MEMORY_UTILIZATION}); check "
                 + ("--here-gpu/--here-gpus" if side == "here" else "--gpu/--gpus")
             )
-
-    cache_link = args.cache_link
-    sources["cache_link"] = "--cache-link"
-    if cache_link is None:
-        configured = configured_cache_link(root)
-        if configured in CACHE_LINKS:
-            cache_link, sources["cache_link"] = configured, "this project's DVC config (cache.type)"
-        else:
-            cache_link, sources["cache_link"] = "hardlink", "assumed: the README's `cache.type hardlink,symlink`"
-            warnings.append(
-                "DVC's default cache type (reflink,copy) copies on ext4, storing every output twice: run "
-                "`dvc config --local cache.type hardlink,symlink` on both machines (--cache-link copy shows the cost)"
-            )
-
-    link_gbit, link_efficiency, measurement = args.link_gbit, args.link_efficiency, None
-    sources["link"] = "--link-gbit x --link-efficiency"
-    if args.link_from_remote:
-        from eagle3.tools.remotes import measure_upload
-
-        measurement = measure_upload(root, args.link_from_remote, int(args.probe_mb * 1e6), args.jobs)
-        link_gbit, link_efficiency = measurement["parallel_gbit"], 1.0
-        sources["link"] = (
-            f"measured: {args.probe_mb:g} MB to DVC remote {args.link_from_remote!r}, one stream "
-            f"{measurement['single_gbit']:.3g} Gbit/s, {measurement['jobs']} streams {measurement['parallel_gbit']:.3g}"
-            " Gbit/s (used: `dvc push --jobs` runs as many)"
+    if cache.assumed:
+        warnings.append(
+            "DVC's default cache type (reflink,copy) copies on ext4, storing every output twice: run "
+            "`dvc config --local cache.type hardlink,symlink` on both machines (--cache-link copy shows the cost)"
         )
+    return warnings
 
+
+def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
+    """Every input, each from the first place that has it, checked, with its source and the warnings."""
+    checked = validate_args(args)
+    verifier = verifier_from_args(args)
+    measured = read_measurements(args, root, verifier)
+    compression = compression_ratio(args, measured)
+    there, here = machines(args)
+    here_tokens_per_s, here_source = here_extraction_rate(args, measured, here)
+    cache = check_cache_link(args, root)
+    link = probe_link(args, root)
+    there_price = f"${there.usd_per_gpu_hour:g}/GPU-hour" + (" (preset)" if args.gpu_usd_per_hour is None else "")
+    extract_there = _derived_words(there, args.mfu) if args.extract_tokens_per_s is None else "--extract-tokens-per-s"
+    sources = {
+        "verifier": args.verifier,
+        "compression_ratio": compression.source,
+        "there": f"{_machine_words(there)}, {there_price}",
+        "here": _machine_words(here),
+        "extract_there": extract_there,
+        "extract_here": here_source,
+        "train": _train_source(args, there),
+        "cache_link": cache.source,
+        "link": link.source,
+    }
     return Inputs(
         verifier=verifier,
         samples=args.samples,
-        mean_tokens=mean_tokens,
-        max_tokens=max_tokens,
+        mean_tokens=args.mean_tokens,
+        max_tokens=checked.max_tokens,
         captured_layers=args.layers,
         bytes_per_element=args.bytes_per_element,
-        compression_ratio=ratio,
-        storage=storage,
-        storage_ratios=storage_ratios,
-        link_gbit=link_gbit,
-        link_efficiency=link_efficiency,
-        weights_link_gbit=args.weights_link_gbit or link_gbit,
+        compression_ratio=compression.ratio,
+        storage=compression.storage,
+        storage_ratios=compression.storage_ratios,
+        link_gbit=link.gbit,
+        link_efficiency=link.efficiency,
+        weights_link_gbit=args.weights_link_gbit or link.gbit,
         there=there,
         here=here,
         here_share=args.here_share,
         mfu=args.mfu,
         there_tokens_per_s=args.extract_tokens_per_s,
-        here_tokens_per_s=here_tps,
+        here_tokens_per_s=here_tokens_per_s,
         here_usd_per_hour=args.here_usd_per_hour,
-        train_tokens_per_s_per_gpu=train_per_gpu,
+        train_tokens_per_s_per_gpu=args.train_tokens_per_s,
         epochs=args.epochs,
         draft_vocab=args.draft_vocab,
         keep_checkpoints=args.keep_checkpoints,
         headroom=args.headroom,
-        cache_link=cache_link,
-        budget_usd=budget_usd,
-        budget_hours=budget_hours,
-        link_measurement=measurement,
+        cache_link=cache.link,
+        budget_usd=checked.budget_usd,
+        budget_hours=checked.budget_hours,
+        link_measurement=link.measurement,
         sources=sources,
-        warnings=warnings,
+        warnings=collect_warnings(verifier, measured, compression, checked.max_tokens, there, here, cache),
     )

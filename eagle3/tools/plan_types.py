@@ -1,0 +1,164 @@
+"""`eagle3 plan`'s fixed facts and its inputs' types: units, GPU and verifier presets, the trainer's measured speed,
+the machines and the resolved `Inputs` (eagle3/tools/plan_inputs.py fills them in); and `to_json`, the one way the
+plan's dataclasses become its JSON."""
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+GB, TB = 1e9, 1e12
+# vLLM's default gpu_memory_utilization: the share of GPU memory it takes, weights and KV cache together.
+GPU_MEMORY_UTILIZATION = 0.9
+CACHE_LINKS = {"hardlink": 1, "reflink": 1, "symlink": 1, "copy": 2}
+
+# Field metadata for `to_json`: a figure the formulas share that the JSON does not show under its object.
+NOT_IN_JSON = {"json": False}
+# Field metadata for `to_json`: a dataclass whose fields stand in its parent's object, not under its own key.
+INLINE = {"inline": True}
+
+
+def to_json(value: Any) -> Any:
+    """Dataclasses as objects of their fields in declaration order (see NOT_IN_JSON and INLINE), dicts and
+    sequences item by item, anything else as it is."""
+    if is_dataclass(value):
+        data: dict[str, Any] = {}
+        for item in fields(value):
+            if item.metadata.get("json", True):
+                converted = to_json(getattr(value, item.name))
+                data |= converted if item.metadata.get("inline") else {item.name: converted}
+        return data
+    if isinstance(value, dict):
+        return {key: to_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(item) for item in value]
+    return value
+
+
+def size(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if value >= TB:
+        return f"{value / TB:,.2f} TB"
+    return f"{value / GB:,.1f} GB" if value >= GB else f"{value / 1e6:,.1f} MB"
+
+
+def dollars(value: float) -> str:
+    return f"${value:,.0f}" if value >= 10 else f"${value:,.2f}"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds / 60:,.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+@dataclass(frozen=True)
+class VerifierShape:
+    name: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    intermediate_size: int
+    total_params: float | None
+    active_params: float | None
+    weights_bytes: float | None
+
+
+PRESETS = {
+    # Kimi-K2.5 (DeepSeek-V3 architecture): dense MLP width 18432; ~1.03T parameters, 32B active per token; the
+    # published checkpoint (int4 routed experts) is ~600 GB.
+    "kimi-k2.5": VerifierShape("moonshotai/Kimi-K2.5", 7168, 61, 163840, 18432, 1.03e12, 32e9, 600 * GB),
+}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    bf16_tflops: float  # dense (no sparsity), from NVIDIA's datasheets
+    memory_gb: float
+    usd_per_hour: float  # a typical on-demand price per GPU-hour in late 2026: an assumption to check
+
+
+GPUS = {
+    "b300": Gpu("NVIDIA B300 SXM", 2250, 288, 6.5),
+    "b200": Gpu("NVIDIA B200 SXM", 2250, 180, 5.0),
+    "h200": Gpu("NVIDIA H200 SXM", 989, 141, 3.5),
+    "h100": Gpu("NVIDIA H100 SXM", 989, 80, 2.5),
+    "h200-nvl": Gpu("NVIDIA H200 NVL (PCIe)", 836, 141, 3.0),
+    "h100-pcie": Gpu("NVIDIA H100 PCIe", 756, 80, 2.0),
+}
+
+
+@dataclass(frozen=True)
+class TrainMeasurement:
+    gpu: str
+    tokens_per_s: float
+    sample_tokens: int
+    ttt_steps: int
+    longest_fitting_tokens: int
+
+
+# This project's draft trainer at Kimi-K2.5's shape on one GPU, bf16 autocast, fused AdamW, batch 1 (README "GPU
+# measurements"), measured before its attention became linear in T: longest_fitting_tokens is what fit then.
+TRAIN_MEASURED = TrainMeasurement("h200", 7134.0, 2048, 7, 4096)
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpu: str
+    gpus: int
+    tflops: float
+    usd_per_gpu_hour: float
+    disk_tb: float | None
+
+    @property
+    def memory_gb(self) -> float:
+        return GPUS[self.gpu].memory_gb
+
+
+def weights_fit(weights_bytes: float, machine: Machine) -> bool:
+    """Whether vLLM can load the verifier on `machine`: its weights within the share of GPU memory vLLM takes."""
+    return weights_bytes <= machine.gpus * machine.memory_gb * GB * GPU_MEMORY_UTILIZATION
+
+
+@dataclass(frozen=True)
+class Budget:
+    low: float | None
+    high: float
+
+
+@dataclass(frozen=True)
+class Inputs:
+    verifier: VerifierShape
+    samples: int
+    mean_tokens: float
+    max_tokens: int
+    captured_layers: int
+    bytes_per_element: int
+    compression_ratio: float
+    link_gbit: float
+    link_efficiency: float
+    weights_link_gbit: float
+    there: Machine
+    here: Machine
+    here_share: float
+    mfu: float
+    there_tokens_per_s: float | None
+    here_tokens_per_s: float | None
+    here_usd_per_hour: float
+    train_tokens_per_s_per_gpu: float | None
+    epochs: int
+    draft_vocab: int
+    keep_checkpoints: int
+    headroom: float
+    cache_link: str
+    # extract.storage the ratio is for, and every storage's ratio (the plan shows each beside the chosen one).
+    storage: str
+    storage_ratios: dict[str, float]
+    budget_usd: Budget | None
+    budget_hours: Budget | None
+    link_measurement: dict[str, Any] | None
+    sources: dict[str, str]
+    # The plan shows them at its top, before every figure, not among the inputs.
+    warnings: list[str] = field(metadata=NOT_IN_JSON)

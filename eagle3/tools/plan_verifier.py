@@ -1,0 +1,65 @@
+"""The verifier `eagle3 plan` plans for: a preset, or a Hugging Face model's config.json and weight files, with the
+flags that supply what those lack."""
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from eagle3.errors import Eagle3Error
+from eagle3.formats.hf_config import text_config
+from eagle3.tools.plan_types import GB, PRESETS, VerifierShape
+
+
+def verifier_shape(spec: str) -> VerifierShape:
+    """A preset name, or a Hugging Face config.json (a multimodal one's `text_config` is used). The weights' size
+    comes from model.safetensors.index.json beside it, else from the *.safetensors files there."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise Eagle3Error(f"unknown verifier {spec!r}: not a preset ({', '.join(PRESETS)}) and no such config.json")
+    try:
+        config = json.loads(path.read_text())
+        text = text_config(config)
+        hidden, layers, vocab = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["vocab_size"])
+        intermediate = int(text.get("intermediate_size") or 4 * hidden)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise Eagle3Error(
+            f"{path}: not a usable verifier config.json ({type(exc).__name__}: {exc}); it needs hidden_size, "
+            "num_hidden_layers and vocab_size"
+        ) from None
+    weights = None
+    index = path.with_name("model.safetensors.index.json")
+    if index.is_file():
+        try:
+            weights = float(json.loads(index.read_text())["metadata"]["total_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            weights = None
+    if weights is None:
+        weights = float(sum(f.stat().st_size for f in path.parent.glob("*.safetensors"))) or None
+    name = config.get("_name_or_path") or str(path.parent)
+    return VerifierShape(name, hidden, layers, vocab, intermediate, None, None, weights)
+
+
+def verifier_from_args(args: argparse.Namespace) -> VerifierShape:
+    """--verifier's shape with --active-params and --weights-gb applied, with every figure the plan needs."""
+    verifier = verifier_shape(args.verifier)
+    if args.active_params is not None:
+        verifier = replace(verifier, active_params=args.active_params)
+    if args.weights_gb is not None:
+        verifier = replace(verifier, weights_bytes=args.weights_gb * GB)
+    if verifier.weights_bytes is None:
+        raise Eagle3Error(
+            f"verifier {args.verifier!r}: weights size unknown (no safetensors beside its config.json): pass "
+            "--weights-gb"
+        )
+    derives_extraction = args.extract_tokens_per_s is None or args.here_tokens_per_s is None
+    if derives_extraction and verifier.active_params is None:
+        raise Eagle3Error(
+            f"verifier {args.verifier!r} has no parameter count: pass --active-params to derive extraction speeds "
+            "from GPU FLOP/s, or --extract-tokens-per-s and --here-tokens-per-s"
+        )
+    return verifier
