@@ -159,6 +159,34 @@ INVALID = [
         "params.yaml: train.precision: must be one of 'auto', 'bfloat16' or 'float32', got 'fp8'",
     ),
     (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
+    # Non-finite floats, seeds and thread counts beyond what the libraries take, numbers YAML reads as strings.
+    (
+        lambda p: _set(p, "train.learning_rate", float("inf")),
+        "params.yaml: train.learning_rate: input should be a finite number, got inf",
+    ),
+    (
+        lambda p: _set(p, "extract.reserve_free_gb", float("nan")),
+        "params.yaml: extract.reserve_free_gb: input should be a finite number, got nan",
+    ),
+    (lambda p: _set(p, "train.seed", 2**64), "params.yaml: train.seed: must be < 4294967296, got 18446744073709551616"),
+    (lambda p: _set(p, "prepare.seed", -1), "params.yaml: prepare.seed: must be >= 0, got -1"),
+    (
+        lambda p: _set(p, "extract.compression_threads", 10**11),
+        "params.yaml: extract.compression_threads: must be <= 4096, got 100000000000",
+    ),
+    (
+        lambda p: _set(p, "train.num_workers", 10**11),
+        "params.yaml: train.num_workers: must be <= 4096, got 100000000000",
+    ),
+    (
+        lambda p: _set(p, "train.step_weight", "2e0"),
+        "params.yaml: train.step_weight: must be <= 1.0, got '2e0' (YAML reads 2e0 as a string; write 2.0e0)",
+    ),
+    (
+        lambda p: _set(p, "train.epochs", "1e3"),
+        "params.yaml: train.epochs: input should be a valid integer, unable to parse string as an integer, got '1e3' "
+        "(YAML reads 1e3 as a string; write the integer's digits)",
+    ),
     (
         lambda p: _set(p, "evaluate.headline_k", 5),
         "params.yaml: evaluate: headline_k 5 must be one of num_speculative_tokens [3]",
@@ -191,7 +219,9 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize("mutate, message", INVALID, ids=[message.split(": ")[1] for _, message in INVALID])
+@pytest.mark.parametrize(
+    "mutate, message", INVALID, ids=[f"{i}-{message.split(': ')[1]}" for i, (_, message) in enumerate(INVALID)]
+)
 def test_invalid_params_name_the_key(tmp_path, mutate, message):
     path = write_params(tmp_path, mutate(smoke_params()))
     with pytest.raises(Eagle3Error) as caught:

@@ -1,7 +1,7 @@
 """What every params section shares: unknown keys are errors, values are immutable once loaded, and settings that
 only say how to run (not what to make) are marked so resumable stages keep their work when they change."""
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -9,7 +9,15 @@ _EXECUTION_ONLY = "execution_only"
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN in any float: nothing downstream can use one, and `eagle3 check` would print non-JSON Infinity.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# Seeds reach numpy and vLLM, which take unsigned 32-bit ones, and torch.manual_seed.
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+# Threads or processes one machine starts: far above any machine's need, far below what exhausts it.
+Threads = Annotated[int, Field(ge=1, le=4096)]
+Workers = Annotated[int, Field(ge=0, le=4096)]
 
 
 class StageParams(BaseModel):

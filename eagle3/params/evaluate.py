@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from eagle3.params.base import Section, execution_only
+from eagle3.params.base import Section, Seed, Threads, execution_only
 from eagle3.precision import EngineDtype
 
 Method = Literal["none", "eagle3", "ngram"]
@@ -47,7 +47,7 @@ class Endpoint(Section):
 
 class Servers(Section):
     endpoints: list[Endpoint] = Field(min_length=1)
-    concurrency: PositiveInt = execution_only(32)
+    concurrency: Threads = execution_only(32)
     # A reasoning model's answer can take many minutes at 16K+ tokens.
     timeout_s: float = execution_only(3600.0, gt=0)
     max_retries: NonNegativeInt = execution_only(3)
@@ -86,7 +86,7 @@ class EvaluateParams(Section):
     max_tokens: PositiveInt = 256
     # Held-out prompts used (their first user turn); null: all of them.
     max_prompts: PositiveInt | None = None
-    seed: int = 0
+    seed: Seed = 0
     ngram: NgramBaseline = NgramBaseline()
     vllm: EvalEngine = EvalEngine()
     servers: Servers | None = None

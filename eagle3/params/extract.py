@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, PositiveInt, field_validator
 
 from eagle3.formats.storage import DEFAULT_STORAGE, StorageName
-from eagle3.params.base import Section, execution_only, pin_environment_setting
+from eagle3.params.base import Section, Threads, execution_only, pin_environment_setting
 from eagle3.precision import EngineDtype
 
 
@@ -47,7 +47,7 @@ class ExtractParams(Section):
     # e4m3), fp8-compact (aux e5m2, final e4m3). Training reads bf16 whatever is stored.
     storage: StorageName = DEFAULT_STORAGE
     compression_level: int = Field(1, ge=1, le=19)
-    compression_threads: PositiveInt = execution_only(2)
+    compression_threads: Threads = execution_only(2)
     # Refuse to start unless the output filesystem keeps this much free after the estimated shards.
     reserve_free_gb: float = execution_only(1.0, ge=0)
     # Skip the free-space check entirely (e.g. on filesystems that report no meaningful free space).

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from eagle3.params.base import Section, execution_only, pin_environment_setting
+from eagle3.params.base import Section, Seed, Threads, execution_only, pin_environment_setting
 from eagle3.precision import EngineDtype
 
 _OWNED_BODY_FIELDS = {
@@ -25,7 +25,7 @@ class Sampling(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: PositiveInt = 256
     # Each request's seed derives from this, the sample id and the turn, so sampled output does not depend on batching.
-    seed: int = 0
+    seed: Seed = 0
 
 
 class VllmEngine(Section):
@@ -45,7 +45,7 @@ class OpenAIServers(Section):
 
     base_urls: list[HttpUrl] = execution_only(..., min_length=1, description="e.g. http://10.0.0.5:8000/v1")
     model: str = Field(min_length=1, description="the served model name")
-    concurrency: PositiveInt = execution_only(32)
+    concurrency: Threads = execution_only(32)
     # Deadline of one request, for its whole answer: a 16-32K-token reasoning answer takes many minutes. A request
     # past it is retried (regenerating that turn) and counts toward max_retries.
     timeout_s: float = execution_only(3600.0, gt=0)

@@ -6,6 +6,7 @@ Eagle3Error whose message is one line naming the key path, e.g.
 the sections it reads (eagle3/runner.py), `eagle3 check` all of them (eagle3/config.py).
 """
 
+import re
 import types
 import typing
 from pathlib import Path
@@ -17,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 from eagle3.errors import Eagle3Error
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+# YAML 1.1, which PyYAML reads, needs a dot in a float's mantissa: 1e30 stays a string, 1.0e30 is a float.
+_EXPONENT_WITHOUT_DOT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -62,7 +65,9 @@ def validate(raw: Any, model: type[ModelT], path: Path) -> ModelT:
         return model.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
-        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        # A value no member of a union accepts is one problem, reported once per member.
+        places = {_walk(model, error["loc"])[0] for error in errors}
+        more = f" (and {len(places) - 1} more problem(s))" if len(places) > 1 else ""
         raise Eagle3Error(f"{path}: {describe_error(errors[0], model)}{more}") from None
 
 
@@ -80,7 +85,7 @@ def describe_error(error: dict, root: type[BaseModel]) -> str:
     comparisons = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
     if kind in comparisons:
         bound = next(iter(ctx.values()))
-        return f"{_dotted(loc)}: must be {comparisons[kind]} {bound}, got {value!r}"
+        return f"{_dotted(loc)}: must be {comparisons[kind]} {bound}, got {value!r}{_yaml_number_hint(value, kind)}"
     if kind == "union_tag_invalid":
         key = f"{_dotted(loc)}.{ctx['discriminator'].strip(chr(39))}"
         return f"{key}: must be one of {ctx['expected_tags']}, got {ctx['tag']!r}"
@@ -93,9 +98,19 @@ def describe_error(error: dict, root: type[BaseModel]) -> str:
     message = error["msg"].removeprefix("Value error, ")
     if message[1:2].islower():  # "Input should be" -> "input should be", but keep "URL ..."
         message = message[0].lower() + message[1:]
-    if kind.endswith(("_type", "_parsing")) or kind.startswith("url_"):
-        return f"{_dotted(loc)}: {message}, got {value!r}"
+    if kind.endswith(("_type", "_parsing")) or kind.startswith("url_") or kind == "finite_number":
+        return f"{_dotted(loc)}: {message}, got {value!r}{_yaml_number_hint(value, kind)}"
     return f"{_dotted(loc)}: {message}"
+
+
+def _yaml_number_hint(value: Any, kind: str) -> str:
+    """What to write instead of a number YAML read as a string (1e30: a string to YAML 1.1, 1.0e30 a float)."""
+    if not (isinstance(value, str) and _EXPONENT_WITHOUT_DOT.fullmatch(value.strip())):
+        return ""
+    if kind.startswith("int"):
+        return f" (YAML reads {value.strip()} as a string; write the integer's digits)"
+    mantissa, exponent = re.split("[eE]", value.strip())
+    return f" (YAML reads {value.strip()} as a string; write {mantissa}.0e{exponent})"
 
 
 def _dotted(loc: tuple) -> str:
@@ -118,6 +133,12 @@ def _walk(root: type[BaseModel], loc: tuple) -> tuple[tuple, Any]:
         if isinstance(part, str) and part in tags:
             model = tags[part]
             continue
+        if isinstance(part, str) and _is_plain_union(model):
+            member = next((m for m in _members(model) if _child(m, part) is not None), None)
+            if member is None:  # pydantic's name for the member it tried, e.g. 'constrained-int'
+                model = None
+                continue
+            model = member
         kept.append(part)
         model = _child(model, part)
     return tuple(kept), model
@@ -139,6 +160,16 @@ def _child(model: Any, part: Any) -> Any:
     if origin is list and isinstance(part, int):
         return typing.get_args(model)[0]
     return None
+
+
+def _members(model: Any) -> tuple:
+    if typing.get_origin(model) is typing.Annotated:
+        model = typing.get_args(model)[0]
+    return typing.get_args(model) if typing.get_origin(model) in (typing.Union, types.UnionType) else ()
+
+
+def _is_plain_union(model: Any) -> bool:
+    return bool(_members(model)) and not _tags(model)
 
 
 def _tags(model: Any) -> dict[str, type[BaseModel]]:

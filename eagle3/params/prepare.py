@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from eagle3.params.base import Section
+from eagle3.params.base import Section, Seed
 
 
 class LocalDataset(Section):
@@ -39,7 +39,7 @@ class PrepareParams(Section):
         None, description="cap per sub-source (the rows' own `source` field, else the input's name)"
     )
     heldout_rows: int = Field(ge=1)
-    seed: int = 0
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _unique_names(self) -> "PrepareParams":

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from eagle3.params.base import Section, execution_only, pin_environment_setting
+from eagle3.params.base import Section, Seed, Threads, Workers, execution_only, pin_environment_setting
 from eagle3.precision import TrainPrecision
 
 
@@ -13,7 +13,7 @@ class LaunchParams(Section):
     model at the same batch_size, so none of this is part of the run key."""
 
     # Processes on each machine, one per GPU; auto: the number of GPUs here (1 without any).
-    processes_per_node: PositiveInt | Literal["auto"] = "auto"
+    processes_per_node: Threads | Literal["auto"] = "auto"
     # Machines in the run. Above 1, each runs the train stage with the same params and they meet at
     # `rendezvous`; checkpoints/ must then be one shared directory (rank 0 writes it, every rank resumes from it).
     nodes: PositiveInt = 1
@@ -81,9 +81,9 @@ class TrainParams(Section):
     log_every: PositiveInt = execution_only(10)
     # DataLoader processes decompressing shards per training process (0: in the training process itself);
     # auto: 2 per GPU process, 1 on CPU (eagle3/stages/train.py `data_workers` says why).
-    num_workers: NonNegativeInt | Literal["auto"] = execution_only("auto")
+    num_workers: Workers | Literal["auto"] = execution_only("auto")
     launch: LaunchParams = execution_only(LaunchParams())
-    seed: int = 0
+    seed: Seed = 0
     pin_environment: bool = pin_environment_setting()
 
     @model_validator(mode="after")
