@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from eagle3.errors import Eagle3Error
+from eagle3.secret_filter import guard_output
 
 # Stage name (= module in eagle3/stages/ = dvc.yaml stage) -> one-line help.
 STAGES: dict[str, str] = {
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    guard_output()
     args, rest = build_parser().parse_known_args(argv)
     stage_name = ALIASES.get(args.command, args.command)
     if stage_name in STAGES:

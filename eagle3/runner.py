@@ -15,6 +15,7 @@ from types import ModuleType
 from eagle3.errors import Eagle3Error
 from eagle3.locked_environment import environment_warning
 from eagle3.params.loading import read_yaml, validate
+from eagle3.secret_filter import guard_output
 
 # Validates the whole params file before any stage starts (see eagle3/config.py); imported by name because no
 # stage output depends on it, so it is not among any stage's DVC deps.
@@ -56,6 +57,7 @@ def stage_parser(stage: ModuleType, parser: argparse.ArgumentParser) -> argparse
 
 def main(stage: ModuleType, argv: list[str] | None = None) -> int:
     """Entry point of stages/<name>.py: `python stages/<name>.py [--params FILE] [stage options]`."""
+    guard_output()
     command = stage.__name__.rsplit(".", 1)[-1]
     parser = argparse.ArgumentParser(prog=f"stages/{command}.py", description=(stage.__doc__ or "").split("\n")[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")

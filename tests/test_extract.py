@@ -313,13 +313,23 @@ def _conversations_in_parts(folder, parts: int, per_part: int) -> list:
         records = [
             {
                 "id": f"s{index}-{row}",
+                "source": "test",
+                "origin": "test",
+                "prompt_hash": f"{index:032x}{row:032x}",
                 "status": "ok",
+                "skip_reason": None,
+                "truncated_reason": None,
                 "messages": [
                     {"role": "user", "content": f"Question {index}.{row}: " + "why is the sky blue? " * 8},
                     {"role": "assistant", "content": f"Answer {index}.{row}: " + "Rayleigh scattering. " * 12},
                 ],
+                "turns": [
+                    {"finish_reason": "stop", "prompt_tokens": 30, "completion_tokens": 37, "reasoning_format": None}
+                ],
+                "sampling": {},
                 "chat_template_kwargs": {},
-                "turns": [{"finish_reason": "stop", "completion_tokens": 37}],
+                "verifier": "test",
+                "backend": "hf",
             }
             for row in range(per_part)
         ]

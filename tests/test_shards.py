@@ -140,12 +140,10 @@ def test_dataloader_workers_read_every_sample_once(tmp_path):
 
 def _split(root, samples=SAMPLES):
     """data/hidden of a project with one training shard, as the extract stage leaves it for the vocab stage."""
-    import json
+    from eagle3.formats.shards import write_index
 
-    _write(root / "data/hidden/train/shard-00000.e3sh", samples)
-    (root / "data/hidden/index.json").write_text(
-        json.dumps({"splits": {"train": [{"shard": "shard-00000.e3sh", "samples": len(samples)}]}})
-    )
+    path = _write(root / "data/hidden/train/shard-00000-000.e3sh", samples)
+    write_index(root / "data/hidden", META, {"train": [path]})
     return root
 
 
@@ -162,10 +160,10 @@ def test_vocab_counts_from_token_sections_only(tmp_path):
     largest = max(int(s[1].max()) for s in SAMPLES)
     with pytest.raises(Eagle3Error) as caught:
         count_tokens(tmp_path, "train", largest)
-    owner = next(s[0] for s in SAMPLES if int(s[1].max()) == largest)
+    position = next(i for i, s in enumerate(SAMPLES) if int(s[1].max()) == largest)
     assert str(caught.value) == (
-        f"{tmp_path}/data/hidden/train/shard-00000.e3sh: sample {owner} has token id {largest} >= the verifier's "
-        f"vocab size {largest}; rerun `eagle3 extract` for this verifier"
+        f"{tmp_path}/data/hidden/train/shard-00000-000.e3sh: sample {position} ({SAMPLES[position][0]}): token id "
+        f"{largest} >= the verifier's vocab size {largest}; rerun `eagle3 extract` for this verifier"
     )
 
 
@@ -258,9 +256,14 @@ def test_a_corrupted_scale_is_refused_naming_the_file_and_sample(tmp_path, bad):
 
 
 def test_a_shard_of_another_format_version_is_refused_naming_the_file(tmp_path):
+    from eagle3.formats.shards import VERSION
+
     path = _write(tmp_path / "shard-00001.e3sh")
     data = bytearray(path.read_bytes())
-    data[8:10] = (1).to_bytes(2, "little")
+    data[8:10] = (VERSION - 1).to_bytes(2, "little")  # the format before the header had its checksum
     path.write_bytes(bytes(data))
-    with pytest.raises(ShardError, match=r"shard-00001.e3sh: shard format version 1, this eagle3 reads 2; rerun"):
+    with pytest.raises(ShardError) as caught:
         ShardReader(path)
+    assert str(caught.value) == (
+        f"{path}: shard format version {VERSION - 1}, this eagle3 reads {VERSION}; rerun `eagle3 extract`"
+    )

@@ -6,6 +6,7 @@ import os
 import httpx
 
 from eagle3.errors import Eagle3Error
+from eagle3.secret_filter import register
 
 
 def auth_headers(api_key_env: str | None, setting: str) -> dict[str, str]:
@@ -16,6 +17,7 @@ def auth_headers(api_key_env: str | None, setting: str) -> dict[str, str]:
     key = os.environ.get(api_key_env)
     if not key:
         raise Eagle3Error(f"{setting}: environment variable {api_key_env} is not set")
+    register(key)
     return {"Authorization": f"Bearer {key}"}
 
 

@@ -9,22 +9,55 @@
 A checkpoint directory is written as `.step-NNNNNNN.partial` and renamed once complete, so one with the final
 name is always whole. The step fixes the data position and the learning rate, so loading the newest
 checkpoint and continuing ends at the same weights as an uninterrupted run.
+
+Read back as untrusted (checkpoints travel through remotes): state.json is validated field by field, and every
+tensor's name, shape and dtype must be the draft's (for export, the draft its draft_config describes, sized on
+the meta device before anything is allocated) or its AdamW state's, checked before the tensors are loaded.
 """
 
-import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from safetensors.torch import save_file
 
+from eagle3.errors import Eagle3Error, field_problem
 from eagle3.files import atomic_path, write_json
+from eagle3.formats.tensor_files import matching_tensors
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 
 STATE = "state.json"
 MODEL = "model.safetensors"
 OPTIMIZER = "optimizer.safetensors"
+# AdamW's per-parameter state: the step count (a float32 scalar, saved as [1]) and the two moments.
+_ADAMW_STATE = ("step", "exp_avg", "exp_avg_sq")
+_SIZES = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "draft_vocab_size",
+    "max_position_embeddings",
+)
+
+
+class CheckpointState(BaseModel):
+    """state.json."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    step: int = Field(ge=1)
+    total_steps: int = Field(ge=1)
+    run_key: str
+    draft_config: DraftConfig
+
+
+def _fix(path: Path) -> str:
+    return f"delete {path} and rerun `eagle3 train` (it resumes from the checkpoint before, if any)"
 
 
 def checkpoints(out: Path) -> list[Path]:
@@ -58,27 +91,69 @@ def save_checkpoint(
     return final
 
 
-def read_state(path: Path) -> dict[str, Any]:
-    return json.loads((path / STATE).read_text(encoding="utf-8"))
+def read_state(path: Path) -> CheckpointState:
+    file = path / STATE
+    try:
+        state = CheckpointState.model_validate_json(file.read_bytes())
+    except OSError as exc:
+        raise Eagle3Error(f"{file}: unreadable ({exc.strerror}); {_fix(path)}") from None
+    except ValidationError as exc:
+        raise Eagle3Error(f"{file}: {field_problem(exc)}; {_fix(path)}") from None
+    problem = _out_of_range(state.draft_config)
+    if problem:
+        raise Eagle3Error(f"{file}: {problem}; {_fix(path)}")
+    if state.step > state.total_steps:
+        raise Eagle3Error(f"{file}: step {state.step} is past total_steps {state.total_steps}; {_fix(path)}")
+    return state
 
 
-def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def _out_of_range(config: DraftConfig) -> str | None:
+    """What in a draft_config no draft can have, if anything."""
+    for name in _SIZES:
+        if getattr(config, name) < 1:
+            return f"draft_config.{name} is {getattr(config, name)}, expected at least 1"
+    if not config.aux_layer_ids or min(config.aux_layer_ids) < 0:
+        return f"draft_config.aux_layer_ids is {list(config.aux_layer_ids)}, expected layer ids >= 0"
+    if not (math.isfinite(config.rms_norm_eps) and config.rms_norm_eps > 0):
+        return f"draft_config.rms_norm_eps is {config.rms_norm_eps}, expected a positive number"
+    return None
+
+
+def _shapes(module: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in module.state_dict().items()}
+
+
+def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer | None) -> CheckpointState:
     """Weights into `draft` and AdamW state into `optimizer`, on the device the draft is on now."""
-    draft.load_state_dict(load_file(str(path / MODEL)))
+    state = read_state(path)
+    draft.load_state_dict(matching_tensors(path / MODEL, _shapes(draft), _fix(path)))
     if optimizer is not None:
-        tensors = load_file(str(path / OPTIMIZER))
         params = dict(draft.named_parameters())
-        for key, value in tensors.items():
+        # Whichever parameters have state (a parameter that never had a gradient has none).
+        expected = {
+            f"{name}::{field}": ((1,), torch.float32) if field == "step" else (tuple(p.shape), p.dtype)
+            for name, p in params.items()
+            for field in _ADAMW_STATE
+        }
+        for key, value in matching_tensors(path / OPTIMIZER, expected, _fix(path), every=False).items():
             name, field = key.split("::")
             # On the parameter's device: fused AdamW refuses state on another device than its parameter.
             param = params[name]
             optimizer.state[param][field] = (value.reshape(()) if field == "step" else value).to(param.device)
-    return read_state(path)
+    return state
 
 
-def load_draft(path: Path) -> tuple[Eagle3Draft, dict[str, Any]]:
+def load_draft(path: Path) -> tuple[Eagle3Draft, CheckpointState]:
     """The draft saved at a checkpoint (no optimizer), and its state.json."""
     state = read_state(path)
-    draft = Eagle3Draft(DraftConfig.from_json(state["draft_config"]))
-    draft.load_state_dict(load_file(str(path / MODEL)))
+    try:
+        with torch.device("meta"):
+            expected = _shapes(Eagle3Draft(state.draft_config))
+    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+        raise Eagle3Error(
+            f"{path / STATE}: draft_config does not describe a draft ({str(exc).splitlines()[0]}); {_fix(path)}"
+        ) from None
+    tensors = matching_tensors(path / MODEL, expected, _fix(path))
+    draft = Eagle3Draft(state.draft_config)
+    draft.load_state_dict(tensors)
     return draft, state

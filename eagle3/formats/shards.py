@@ -1,11 +1,13 @@
 """Hidden-state shards: many samples per file, compressed, checksummed, random access, no pickle.
 
 (Longer than most modules on purpose: the spec, the codec, the writer, the checked reader and the dataset
-that reads them are one format; apart, a change to the layout could update one side and not the other.)
+that reads them are one format; apart, a change to the layout could update one side and not the other. The
+checks on what an untrusted shard declares are eagle3/formats/shard_checks.py: they follow this layout.)
 
 File layout (all integers little-endian)::
 
     prefix   8s magic b"EAGLE3SH" | u16 format version | u16 reserved | u32 header length
+             | u64 xxh3 of the prefix's first 16 bytes and the header
     header   UTF-8 JSON: format, version, verifier, layer_ids, hidden_size, dtype, storage, tokenizer_sha256, codec
     records  one per sample, back to back, each decodable on its own
     index    UTF-8 JSON: {"samples": [{id, offset, length, tokens, loss_tokens, xxh3}]}
@@ -41,10 +43,18 @@ decode the same way, so the codec's `level`/`hash_log` in the header are
 informative only.
 
 Every record's xxh3-64 is in the index and is checked on every read, before
-decompression; the index has its own. A shard is written to `.<name>.partial`
-and renamed only after its footer is on disk, so a file with the final name is
-always complete: a truncated or damaged one is reported naming the shard (and
-the sample), never silently read.
+decompression; the index and the header have their own. A shard is written to
+`.<name>.partial` and renamed only after its footer is on disk, so a file with
+the final name is always complete: a truncated or damaged one is reported naming
+the shard (and the sample), never silently read.
+
+Shards come from remotes, so the reader takes them as untrusted data: before a
+byte is decoded, the header and the index are validated field by field, the
+records must lie back to back between them, a record's head must agree with its
+index entry and the header, and its sections with its head, each zstd one a
+single frame declaring exactly the size it decodes to. What a read allocates is
+thus bounded by the record's length and the states its shard declares for it;
+token ids are non-negative and the mask holds the index's loss tokens.
 
 The directory (data/hidden/)::
 
@@ -58,7 +68,6 @@ The directory (data/hidden/)::
 
 import contextlib
 import json
-import math
 import mmap
 import os
 import struct
@@ -76,21 +85,31 @@ import zstandard
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import partial_path, read_json, write_json
+from eagle3.formats.shard_checks import (
+    RECORD_HEAD,
+    REEXTRACT,
+    Section,
+    ShardError,
+    header_fields,
+    hidden_index,
+    index_entries,
+    inflated,
+    record_sections,
+)
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.paths import HIDDEN_DIR, HIDDEN_INDEX
 
-MAGIC, END_MAGIC, VERSION = b"EAGLE3SH", b"E3SHEND1", 2
+# Version 3: the header's checksum in the prefix.
+MAGIC, END_MAGIC, VERSION = b"EAGLE3SH", b"E3SHEND1", 3
 SUFFIX = ".e3sh"
-_PREFIX = struct.Struct("<8sHHI")
+_PREFIX = struct.Struct("<8sHHIQ")
+_CHECKED_PREFIX = 16  # the prefix's bytes before its checksum, which covers them and the header
 _FOOTER = struct.Struct("<QQQ8s")
-_RECORD = struct.Struct("<9I")
+# A real header is a few hundred bytes; past this a length field is damage, not a header to read.
+_MAX_HEADER = 2**16
 
 # The 8-bit encodings: their dtype and largest finite value (a token's largest magnitude maps to it).
 FP8 = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
-
-
-class ShardError(Eagle3Error):
-    """A shard that cannot be trusted: damaged, truncated, or made for another verifier or layout."""
 
 
 @dataclass(frozen=True)
@@ -167,66 +186,68 @@ def encode_sample(
         *_encode_role(hidden[:-1], aux, compressor),
         *_encode_role(hidden[-1:], final, compressor),
     ]
-    buffers = [_RECORD.pack(tokens, layers, width, *(len(memoryview(s)) for s in sections)), *sections]
+    buffers = [RECORD_HEAD.pack(tokens, layers, width, *(len(memoryview(s)) for s in sections)), *sections]
     digest = xxhash.xxh3_64()
     for buffer in buffers:
         digest.update(buffer)
     return buffers, sum(len(memoryview(b)) for b in buffers), digest.intdigest()
 
 
-def _sections(record: bytes) -> tuple[int, int, int, list[memoryview]]:
-    tokens, layers, width, *lengths = _RECORD.unpack_from(record)
-    view, offset, sections = memoryview(record), _RECORD.size, []
-    for length in lengths:
-        sections.append(view[offset : offset + length])
-        offset += length
-    return tokens, layers, width, sections
+def _decode_tokens(decompressor, tokens: int, sections: list[Section], where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = np.frombuffer(inflated(sections[0], decompressor, where), dtype="<i4")
+    if int(ids.min()) < 0:
+        raise ShardError(f"{where}: negative token id {int(ids.min())}; {REEXTRACT}")
+    mask = np.frombuffer(inflated(sections[1], decompressor, where), dtype=np.uint8)
+    return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(np.unpackbits(mask, count=tokens).astype(bool))
 
 
-def _decode_tokens(decompressor, tokens: int, sections: list[memoryview]) -> tuple[torch.Tensor, torch.Tensor]:
-    ids, mask = (decompressor.decompress(section) for section in sections[:2])
-    input_ids = torch.from_numpy(np.frombuffer(ids, dtype="<i4").astype(np.int64))
-    loss_mask = torch.from_numpy(np.unpackbits(np.frombuffer(mask, dtype=np.uint8), count=tokens).astype(bool))
-    return input_ids, loss_mask
-
-
-def _decode_role(sections, encoding: str, shape: tuple[int, int, int], decompressor, where: str) -> torch.Tensor:
+def _decode_role(sections: list[Section], encoding: str, out: torch.Tensor, decompressor, where: str) -> None:
+    """One role's two sections decoded into `out`, its slice of the sample's states [layers, tokens, hidden]."""
     first, second = sections
     if encoding == "bf16":
-        pairs = np.empty((math.prod(shape), 2), dtype=np.uint8)
-        pairs[:, 1] = np.frombuffer(decompressor.decompress(first), dtype=np.uint8)
-        pairs[:, 0] = np.frombuffer(second, dtype=np.uint8)
-        return torch.from_numpy(pairs.view(np.uint16).reshape(shape)).view(torch.bfloat16)
-    scales = torch.from_numpy(np.frombuffer(first, dtype="<f4").astype(np.float32))
+        planes = out.view(torch.int16).numpy().view(np.uint8).reshape(-1, 2)  # little-endian: low byte first
+        planes[:, 1] = np.frombuffer(inflated(first, decompressor, where), dtype=np.uint8)
+        planes[:, 0] = np.frombuffer(second.data, dtype=np.uint8)
+        return
+    layers, tokens, _ = out.shape
+    scales = torch.from_numpy(np.frombuffer(first.data, dtype="<f4").astype(np.float32)).reshape(layers, tokens, 1)
     # The checksum proves the bytes are what was written, not that a writer wrote sane scales.
-    if len(scales) != shape[0] * shape[1] or not bool(torch.isfinite(scales).all() and (scales > 0).all()):
+    if not bool(torch.isfinite(scales).all() and (scales > 0).all()):
         raise ShardError(f"{where}: invalid 8-bit scales (not finite and positive); rerun `eagle3 extract`")
-    codes = torch.from_numpy(np.frombuffer(decompressor.decompress(second), dtype=np.uint8).copy())
-    values = codes.view(FP8[encoding][0]).float().reshape(shape) * scales.reshape(shape[0], shape[1], 1)
-    return values.to(torch.bfloat16)
+    codes = np.frombuffer(inflated(second, decompressor, where), dtype=np.uint8).reshape(out.shape)
+    for layer in range(layers):
+        # A layer at a time: the whole role in float32 would hold twice the size of its bf16 states (and a
+        # writable copy of its codes, which torch needs, as much again).
+        values = torch.from_numpy(codes[layer].copy()).view(FP8[encoding][0])
+        out[layer] = values.float().mul_(scales[layer])
 
 
 def decode_sample(
-    record: bytes, storage: str = DEFAULT_STORAGE, where: str = "record"
+    record, storage: str = DEFAULT_STORAGE, where: str = "record", shape: tuple[int, int, int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    tokens, layers, width, sections = _sections(record)
+    """A record's (input ids, loss mask, hidden states), its layout checked first; `shape`: the (layers, tokens,
+    width) its shard declares for it."""
+    (layers, tokens, width), sections = record_sections(record, storage, where, shape)
     decompressor = zstandard.ZstdDecompressor()
-    input_ids, loss_mask = _decode_tokens(decompressor, tokens, sections)
-    aux, final = STORAGES[storage].aux, STORAGES[storage].final
-    hidden = torch.cat(
-        [
-            _decode_role(sections[2:4], aux, (layers - 1, tokens, width), decompressor, where),
-            _decode_role(sections[4:6], final, (1, tokens, width), decompressor, where),
-        ]
-    )
+    input_ids, loss_mask = _decode_tokens(decompressor, tokens, sections, where)
+    # Both roles decode in place: joining them afterwards would hold the states twice.
+    hidden = torch.empty((layers, tokens, width), dtype=torch.bfloat16)
+    _decode_role(sections[2:4], STORAGES[storage].aux, hidden[:-1], decompressor, where)
+    _decode_role(sections[4:6], STORAGES[storage].final, hidden[-1:], decompressor, where)
     return input_ids, loss_mask, hidden
 
 
-def decode_tokens(record: bytes, decompressor=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Only the input ids and the loss mask: the hidden-state planes (all but a few bytes per token) stay
-    compressed."""
-    tokens, _, _, sections = _sections(record)
-    return _decode_tokens(decompressor or zstandard.ZstdDecompressor(), tokens, sections)
+def decode_tokens(
+    record,
+    storage: str = DEFAULT_STORAGE,
+    decompressor=None,
+    where: str = "record",
+    shape: tuple[int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Only the input ids and the loss mask (the whole layout still checked): the hidden-state planes (all but a
+    few bytes per token) stay compressed."""
+    (_, tokens, _), sections = record_sections(record, storage, where, shape)
+    return _decode_tokens(decompressor or zstandard.ZstdDecompressor(), tokens, sections, where)
 
 
 class ShardWriter:
@@ -248,7 +269,9 @@ class ShardWriter:
         header = json.dumps(
             {"format": "eagle3-shard", "version": VERSION, **asdict(meta), "codec": codec}, sort_keys=True
         ).encode()
-        self.handle.write(_PREFIX.pack(MAGIC, VERSION, 0, len(header)) + header)
+        fields = (MAGIC, VERSION, 0, len(header))
+        checksum = xxhash.xxh3_64_intdigest(_PREFIX.pack(*fields, 0)[:_CHECKED_PREFIX] + header)
+        self.handle.write(_PREFIX.pack(*fields, checksum) + header)
         self.offset = _PREFIX.size + len(header)
         self.pool = ThreadPoolExecutor(max_workers=threads)
         self.in_flight: deque[tuple[str, int, int, Future]] = deque()
@@ -311,87 +334,114 @@ class ShardWriter:
 
 
 class ShardReader:
-    """O(1) random access to one shard's samples; every read is checksum-verified."""
+    """O(1) random access to one shard's samples; every read is checksum-verified and its layout checked against
+    the header and index (both validated on opening) before anything is decoded. With `vocab_size`, every token
+    id must be below it."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, vocab_size: int | None = None):
+        self.path, self.vocab_size = Path(path), vocab_size
         try:
             self.handle = open(self.path, "rb")
         except OSError as exc:
             raise ShardError(f"{self.path}: cannot open shard ({exc.strerror})") from None
         size = os.fstat(self.handle.fileno()).st_size
         prefix = self.handle.read(_PREFIX.size)
-        if len(prefix) < _PREFIX.size or prefix[:8] != MAGIC:
-            raise ShardError(f"{self.path}: not an eagle3 shard (bad magic); delete it and rerun `eagle3 extract`")
-        _, version, _, header_length = _PREFIX.unpack(prefix)
+        # The magic and the version come first in every format version, so an older shard is told apart.
+        if len(prefix) < len(MAGIC) + 2 or prefix[: len(MAGIC)] != MAGIC:
+            raise ShardError(f"{self.path}: not an eagle3 shard (bad magic); {REEXTRACT}")
+        (version,) = struct.unpack_from("<H", prefix, len(MAGIC))
         if version != VERSION:
             raise ShardError(
                 f"{self.path}: shard format version {version}, this eagle3 reads {VERSION}; rerun `eagle3 extract`"
             )
-        if size < _PREFIX.size + header_length + _FOOTER.size:
+        if len(prefix) < _PREFIX.size:
             raise self._truncated()
-        try:
-            header = json.loads(self.handle.read(header_length))
-            fields = {key: header[key] for key in ShardMeta.__dataclass_fields__}
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError) as exc:
+        _, _, _, header_length, header_checksum = _PREFIX.unpack(prefix)
+        if header_length > _MAX_HEADER:
             raise ShardError(
-                f"{self.path}: unreadable shard header ({exc}); delete it and rerun `eagle3 extract`"
-            ) from None
-        self.meta = ShardMeta(**{**fields, "layer_ids": tuple(fields["layer_ids"])})
-        if self.meta.storage not in STORAGES:
-            raise ShardError(f"{self.path}: unknown storage {self.meta.storage!r}; rerun `eagle3 extract`")
+                f"{self.path}: header length {header_length} bytes, more than a shard header's {_MAX_HEADER}: the "
+                f"shard is damaged; {REEXTRACT}"
+            )
+        records_start = _PREFIX.size + header_length
+        if size < records_start + _FOOTER.size:
+            raise self._truncated()
+        header = self.handle.read(header_length)
+        if xxhash.xxh3_64_intdigest(prefix[:_CHECKED_PREFIX] + header) != header_checksum:
+            raise ShardError(f"{self.path}: header checksum mismatch: the shard is damaged; {REEXTRACT}")
+        self.meta = ShardMeta(**header_fields(self.path, header, version))
         self.handle.seek(size - _FOOTER.size)
         offset, length, checksum, end = _FOOTER.unpack(self.handle.read(_FOOTER.size))
         if end != END_MAGIC or offset + length + _FOOTER.size != size:
             raise self._truncated()
+        if offset < records_start:
+            raise ShardError(
+                f"{self.path}: footer: the index at byte {offset} overlaps the header, which ends at {records_start}; "
+                f"{REEXTRACT}"
+            )
         self.handle.seek(offset)
         index = self.handle.read(length)
         if xxhash.xxh3_64_intdigest(index) != checksum:
-            raise ShardError(
-                f"{self.path}: index checksum mismatch: the shard is damaged; delete it and rerun `eagle3 extract`"
-            )
-        self.entries: list[dict[str, Any]] = json.loads(index)["samples"]
+            raise ShardError(f"{self.path}: index checksum mismatch: the shard is damaged; {REEXTRACT}")
+        self.entries = index_entries(self.path, index, (records_start, offset))
         self.position = {entry["id"]: i for i, entry in enumerate(self.entries)}
         self._mapped: memoryview | None = None
 
     def _truncated(self) -> ShardError:
-        return ShardError(
-            f"{self.path}: truncated or unfinished shard (no valid end marker); delete it and rerun `eagle3 extract`"
-        )
+        return ShardError(f"{self.path}: truncated or unfinished shard (no valid end marker); {REEXTRACT}")
 
     def __len__(self) -> int:
         return len(self.entries)
 
+    def _where(self, position: int) -> str:
+        return f"{self.path}: sample {position} ({self.entries[position]['id']})"
+
+    def _shape(self, position: int) -> tuple[int, int, int]:
+        """The (layers, tokens, width) the header and the index declare for a record."""
+        return len(self.meta.layer_ids), self.entries[position]["tokens"], self.meta.hidden_size
+
     def read(self, position: int) -> Sample:
-        where = f"{self.path}: sample {position} ({self.entries[position]['id']})"
-        input_ids, loss_mask, hidden = decode_sample(self._record(position), self.meta.storage, where)
-        return Sample(self.entries[position]["id"], input_ids, loss_mask, hidden)
+        entry, where = self.entries[position], self._where(position)
+        record = self._checked(position, os.pread(self.handle.fileno(), entry["length"], entry["offset"]))
+        input_ids, loss_mask, hidden = decode_sample(record, self.meta.storage, where, self._shape(position))
+        self._check_tokens(position, input_ids, loss_mask)
+        return Sample(entry["id"], input_ids, loss_mask, hidden)
 
     def read_tokens(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input ids, loss mask) of one sample, checksum-verified like `read`, without decoding its states. The
-        record is checked in place through a memory map: only its token sections are ever copied."""
+        """(input ids, loss mask) of one sample, checked like `read`, without decoding its states. The record is
+        checked in place through a memory map: only its token sections are ever copied."""
         if self._mapped is None:
             self._map = mmap.mmap(self.handle.fileno(), 0, access=mmap.ACCESS_READ)
             self._mapped = memoryview(self._map)
             self._decompressor = zstandard.ZstdDecompressor()
         entry = self.entries[position]
-        record = self._mapped[entry["offset"] : entry["offset"] + entry["length"]]
-        return decode_tokens(self._checked(position, record), self._decompressor)
-
-    def _record(self, position: int) -> bytes:
-        entry = self.entries[position]
-        return self._checked(position, os.pread(self.handle.fileno(), entry["length"], entry["offset"]))
+        record = self._checked(position, self._mapped[entry["offset"] : entry["offset"] + entry["length"]])
+        input_ids, loss_mask = decode_tokens(
+            record, self.meta.storage, self._decompressor, self._where(position), self._shape(position)
+        )
+        self._check_tokens(position, input_ids, loss_mask)
+        return input_ids, loss_mask
 
     def _checked(self, position: int, record):
-        entry = self.entries[position]
-        where = f"{self.path}: sample {position} ({entry['id']})"
+        entry, where = self.entries[position], self._where(position)
         if len(record) != entry["length"]:
             raise ShardError(
                 f"{where}: record cut short ({len(record)} of {entry['length']} bytes): the shard is truncated"
             )
         if xxhash.xxh3_64_intdigest(record) != entry["xxh3"]:
-            raise ShardError(f"{where}: checksum mismatch: the shard is damaged; delete it and rerun `eagle3 extract`")
+            raise ShardError(f"{where}: checksum mismatch: the shard is damaged; {REEXTRACT}")
         return record
+
+    def _check_tokens(self, position: int, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> None:
+        declared, where = self.entries[position]["loss_tokens"], self._where(position)
+        if int(loss_mask.sum()) != declared:
+            raise ShardError(
+                f"{where}: the loss mask holds {int(loss_mask.sum())} tokens, the index {declared}; {REEXTRACT}"
+            )
+        if self.vocab_size is not None and int(input_ids.max()) >= self.vocab_size:
+            raise ShardError(
+                f"{where}: token id {int(input_ids.max())} >= the verifier's vocab size {self.vocab_size}; rerun "
+                "`eagle3 extract` for this verifier"
+            )
 
     def close(self) -> None:
         if self._mapped is not None:
@@ -422,12 +472,12 @@ class HiddenStateDataset(torch.utils.data.Dataset):
     """Every sample of a list of shards, by global position. Files are opened lazily in each DataLoader worker,
     so workers decompress in parallel without sharing file handles, and a process opens only the shards its
     samples are in, at most OPEN_SHARDS at a time (a hero run has thousands of shards; the usual limit on open
-    files is 1,024 per process)."""
+    files is 1,024 per process). With `vocab_size`, every token id must be below it (the readers check)."""
 
     OPEN_SHARDS = 32
 
-    def __init__(self, paths: list[Path], expected: dict[str, Any] | None = None):
-        self.paths = [Path(p) for p in paths]
+    def __init__(self, paths: list[Path], expected: dict[str, Any] | None = None, vocab_size: int | None = None):
+        self.paths, self.vocab_size = [Path(p) for p in paths], vocab_size
         self.offsets: list[int] = []
         lengths: list[int] = []
         for path in self.paths:
@@ -454,7 +504,7 @@ class HiddenStateDataset(torch.utils.data.Dataset):
         else:
             if len(self._readers) >= self.OPEN_SHARDS:
                 self._readers.popitem(last=False)[1].close()
-            self._readers[shard] = ShardReader(self.paths[shard])
+            self._readers[shard] = ShardReader(self.paths[shard], self.vocab_size)
         return self._readers[shard]
 
     def __getitem__(self, position: int) -> dict[str, Any]:
@@ -500,7 +550,8 @@ def write_index(out: Path, meta: ShardMeta, shards: dict[str, list[Path]]) -> di
 
 
 def read_index(root: Path) -> dict[str, Any]:
-    return read_json(root / HIDDEN_INDEX, "run `dvc repro extract` (or `eagle3 extract`) first")
+    path = root / HIDDEN_INDEX
+    return hidden_index(path, read_json(path, "run `dvc repro extract` (or `eagle3 extract`) first"))
 
 
 def split_shards(root: Path, split: str = "train") -> list[Path]:

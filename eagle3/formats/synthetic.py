@@ -19,17 +19,23 @@ prompt_tokens, completion_tokens, reasoning_format}], sampling, chat_template_kw
 conversation passes to the chat template), verifier, backend. `content` is the assistant text exactly as the verifier
 returned it; `reasoning` is what a server-side reasoning parser split off (None otherwise), so the chat template can
 render the turn as serving does.
+
+Parts travel through DVC remotes, so they are read back as untrusted: the zstd frame must declare its size
+(generate's always does) and inflate at most `_MAX_INFLATION` times its compressed size (or to `_SMALL_PART`),
+checked before anything is decompressed, and every record must have exactly the fields above, of their types.
 """
 
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import zstandard
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from typing_extensions import NotRequired, TypedDict
 
-from eagle3.errors import Eagle3Error
+from eagle3.errors import Eagle3Error, field_problem
 from eagle3.files import write_bytes, write_json
 from eagle3.hashing import sha256_file
 from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
@@ -38,6 +44,49 @@ from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
 FORMAT_VERSION = 3
 PART_PATTERN = re.compile(r"^part-(\d{5})\.jsonl\.zst$")
 _LEVEL = 3
+# JSON of model text inflates a few times; answers that loop until max_tokens inflate far more, but a part of
+# nothing else stays well below this, while a decompression bomb (zeros: thousands of times) does not.
+_MAX_INFLATION = 1000
+# A part this small may inflate as it likes: it cannot cost much memory.
+_SMALL_PART = 2**26
+_STRICT = ConfigDict(strict=True, extra="forbid")
+_Count = Annotated[int, Field(ge=0)]
+
+
+@with_config(_STRICT)
+class _Message(TypedDict):
+    role: str
+    content: str
+    reasoning: NotRequired[str | None]
+
+
+@with_config(_STRICT)
+class _Turn(TypedDict):
+    finish_reason: str | None
+    prompt_tokens: _Count
+    completion_tokens: _Count
+    reasoning_format: str | None
+
+
+@with_config(_STRICT)
+class _Record(TypedDict):
+    id: Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,256}$")]
+    source: str
+    origin: str
+    prompt_hash: str
+    status: Literal["ok", "skipped"]
+    # Extract counts skipped records under this reason (eagle3/formats/extracted_parts.py).
+    skip_reason: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,100}$")] | None
+    truncated_reason: str | None
+    messages: list[_Message]
+    turns: list[_Turn]
+    sampling: dict[str, Any]
+    chat_template_kwargs: dict[str, Any]
+    verifier: str
+    backend: str
+
+
+_RECORD = TypeAdapter(_Record)
 
 
 def part_path(split_dir: Path, index: int) -> Path:
@@ -50,13 +99,42 @@ def write_part(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def read_part(path: Path) -> list[dict[str, Any]]:
+    """A part's records, as `write_part` was given them; a part that is not one is one error naming it (and the
+    record)."""
+    fix = "delete it and rerun `eagle3 generate` to regenerate it"
+    data = path.read_bytes()
+    limit = max(_SMALL_PART, _MAX_INFLATION * len(data))
     try:
-        raw = zstandard.ZstdDecompressor().decompress(path.read_bytes())
-        return [json.loads(line) for line in raw.decode("utf-8").splitlines()]
-    except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        declared = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:
+        raise Eagle3Error(f"{path}: damaged part ({exc}); {fix}") from None
+    if declared < 0:
+        raise Eagle3Error(f"{path}: the part's zstd frame declares no size (generate's always does); {fix}")
+    if declared > limit:
         raise Eagle3Error(
-            f"{path}: damaged part ({exc}); delete it and rerun `eagle3 generate` to regenerate it"
-        ) from None
+            f"{path}: the part declares {declared} bytes decompressed, over {_MAX_INFLATION}x its {len(data)} "
+            f"compressed bytes: not a part generate wrote (a decompression bomb?); {fix}"
+        )
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=declared, allow_extra_data=False)
+        text = raw.decode("utf-8")
+    except (zstandard.ZstdError, UnicodeDecodeError) as exc:
+        raise Eagle3Error(f"{path}: damaged part ({exc}); {fix}") from None
+    records = []
+    # Split at "\n" only: str.splitlines also splits at U+2028 and U+0085, which JSON leaves unescaped in text.
+    for number, line in enumerate(text.removesuffix("\n").split("\n") if text else []):
+        try:
+            # Parsed by the json module: pydantic's own parser would keep strings it saw in a process-wide cache.
+            parsed = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise Eagle3Error(f"{path}: record {number}: not JSON ({exc}); {fix}") from None
+        try:
+            records.append(_RECORD.validate_python(parsed))
+        except ValidationError as exc:
+            raise Eagle3Error(f"{path}: record {number}: {field_problem(exc)}; {fix}") from None
+        if (records[-1]["status"] == "skipped") != (records[-1]["skip_reason"] is not None):
+            raise Eagle3Error(f"{path}: record {number}: status and skip_reason disagree; {fix}")
+    return records
 
 
 def finished_parts(split_dir: Path) -> dict[int, Path]:

@@ -1,9 +1,10 @@
 """What every params section shares: unknown keys are errors, values are immutable once loaded, and settings that
 only say how to run (not what to make) are marked so resumable stages keep their work when they change."""
 
+import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl
 
 _EXECUTION_ONLY = "execution_only"
 
@@ -15,6 +16,31 @@ class Section(BaseModel):
 
 # Seeds reach numpy and vLLM, which take unsigned 32-bit ones, and torch.manual_seed.
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
+
+
+def _names_a_variable(name: str) -> str:
+    # The message never repeats the value: a key pasted here would otherwise be printed.
+    if not re.fullmatch(r"[A-Z_][A-Z0-9_]{0,63}", name):
+        raise ValueError(
+            "must be the name of an environment variable that holds the key (capitals, digits and _, e.g. "
+            "VLLM_API_KEY), never the key itself; the value given is not shown"
+        )
+    return name
+
+
+def _without_credentials(url: HttpUrl) -> HttpUrl:
+    if url.username or url.password:
+        raise ValueError(
+            "must not carry credentials (user:password@host): give the key through api_key_env, which names the "
+            "environment variable that holds it"
+        )
+    return url
+
+
+# An api_key_env: the environment variable's name; the key never goes in params.yaml.
+EnvironmentVariable = Annotated[str, AfterValidator(_names_a_variable)]
+# A server's OpenAI base URL.
+ServerUrl = Annotated[HttpUrl, AfterValidator(_without_credentials)]
 # Threads or processes one machine starts: far above any machine's need, far below what exhausts it.
 Threads = Annotated[int, Field(ge=1, le=4096)]
 Workers = Annotated[int, Field(ge=0, le=4096)]

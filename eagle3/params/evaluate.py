@@ -2,9 +2,9 @@
 
 from typing import Literal
 
-from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from eagle3.params.base import Section, Seed, Threads, execution_only
+from eagle3.params.base import EnvironmentVariable, Section, Seed, ServerUrl, Threads, execution_only
 from eagle3.precision import EngineDtype
 
 Method = Literal["none", "eagle3", "ngram"]
@@ -32,7 +32,7 @@ class EvalEngine(Section):
 class Endpoint(Section):
     """A running vLLM server and what it serves (eagle3/engines/served_speculation.py checks the label)."""
 
-    url: HttpUrl = Field(description="its OpenAI base URL, e.g. http://10.0.0.5:8000/v1")
+    url: ServerUrl = Field(description="its OpenAI base URL, e.g. http://10.0.0.5:8000/v1")
     model: str = Field(min_length=1, description="the served model name")
     serves: Method
     # num_speculative_tokens of its --speculative-config; none for a server without speculation.
@@ -53,7 +53,7 @@ class Servers(Section):
     max_retries: NonNegativeInt = execution_only(3)
     backoff_s: float = execution_only(1.0, gt=0)
     # Name of an environment variable holding the API key; the key itself never goes in params.yaml.
-    api_key_env: str | None = execution_only(None)
+    api_key_env: EnvironmentVariable | None = execution_only(None)
 
     @field_validator("endpoints")
     @classmethod

@@ -2,9 +2,17 @@
 
 from typing import Any, Literal
 
-from pydantic import Field, HttpUrl, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from eagle3.params.base import Section, Seed, Threads, execution_only, pin_environment_setting
+from eagle3.params.base import (
+    EnvironmentVariable,
+    Section,
+    Seed,
+    ServerUrl,
+    Threads,
+    execution_only,
+    pin_environment_setting,
+)
 from eagle3.precision import EngineDtype
 
 _OWNED_BODY_FIELDS = {
@@ -43,7 +51,7 @@ class VllmEngine(Section):
 class OpenAIServers(Section):
     """OpenAI-compatible servers (`vllm serve` of the verifier); requests are spread over all of them."""
 
-    base_urls: list[HttpUrl] = execution_only(..., min_length=1, description="e.g. http://10.0.0.5:8000/v1")
+    base_urls: list[ServerUrl] = execution_only(..., min_length=1, description="e.g. http://10.0.0.5:8000/v1")
     model: str = Field(min_length=1, description="the served model name")
     concurrency: Threads = execution_only(32)
     # Deadline of one request, for its whole answer: a 16-32K-token reasoning answer takes many minutes. A request
@@ -53,7 +61,7 @@ class OpenAIServers(Section):
     backoff_s: float = execution_only(1.0, gt=0)
     max_backoff_s: float = execution_only(30.0, gt=0)
     # Name of an environment variable holding the API key; the key itself never goes in params.yaml.
-    api_key_env: str | None = execution_only(None)
+    api_key_env: EnvironmentVariable | None = execution_only(None)
     # Extra fields for every request body, passed through as given (e.g. top_k, repetition_penalty,
     # skip_special_tokens); they shape the answers, so they are part of the run key.
     extra_body: dict[str, Any] = {}

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from eagle3.errors import Eagle3Error
+from eagle3.secret_filter import MIN_SECRET_LENGTH, environment_secrets
 
 LOCAL = "<local>"
 _ABSOLUTE = re.compile(r"^(/|~|[A-Za-z]:[\\/]|\\\\)")
@@ -25,8 +26,6 @@ _CREDENTIAL_KEYS = re.compile(
     r"(password|passwd|secret|token|access_key_id|account_key|sas_token|connection_string|credential|client_secret)",
     re.IGNORECASE,
 )
-_SECRET_ENV = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?|AUTH)(_|$)")
-_MIN_SECRET_LENGTH = 8
 
 
 def redact(value: Any, root: Path) -> Any:
@@ -90,10 +89,8 @@ def known_secrets(root: Path) -> dict[str, str]:
                         secrets[f"{where} (password in URL)"] = parts.password
                     if parts.username:
                         secrets[f"{where} (user in URL)"] = parts.username
-    for key, value in os.environ.items():
-        if _SECRET_ENV.search(key.upper()):
-            secrets[f"environment variable {key}"] = value
-    return {where: value.strip() for where, value in secrets.items() if len(value.strip()) >= _MIN_SECRET_LENGTH}
+    secrets.update(environment_secrets())
+    return {where: value.strip() for where, value in secrets.items() if len(value.strip()) >= MIN_SECRET_LENGTH}
 
 
 def find_leaks(text: str, root: Path) -> list[str]:

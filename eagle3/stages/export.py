@@ -28,12 +28,12 @@ def run(params: Params, root: Path, options=None) -> None:
     if checkpoint is None:
         raise Eagle3Error(f"{root / CHECKPOINT_DIR}: no checkpoint; run `dvc repro train` (or `eagle3 train`) first")
     draft, state = load_draft(checkpoint)
-    if state["step"] != state["total_steps"]:
+    if state.step != state.total_steps:
         raise Eagle3Error(
-            f"{checkpoint}: training stopped at step {state['step']} of {state['total_steps']}; "
+            f"{checkpoint}: training stopped at step {state.step} of {state.total_steps}; "
             "rerun `eagle3 train` to finish it before exporting"
         )
-    d2t, t2d = load_vocab(root)
+    d2t, t2d = load_vocab(root, provenance.vocab_size)
     write_drafts(
         draft,
         d2t,

@@ -37,7 +37,7 @@ from eagle3.params.train import TrainParams
 from eagle3.paths import CHECKPOINT_DIR, HIDDEN_INDEX, VOCAB_FILE
 from eagle3.progress import Quiet, progress, step
 from eagle3.resume import resume_or_reset, run_key
-from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
+from eagle3.training.data import BatchPlan, Collate, batches, measure_aux_scale
 from eagle3.training.distributed import Dist, setup_distributed
 from eagle3.training.launch import launch, launcher_command
 from eagle3.training.log import Window, open_log
@@ -84,7 +84,7 @@ def run_settings(
 def build(root: Path, config: TrainParams, provenance: Provenance) -> tuple[DraftConfig, HiddenStateDataset, dict]:
     """The draft's shape, the training shards and the vocab maps {"d2t", "t2d"}."""
     index = read_index(root)
-    d2t, t2d = load_vocab(root)
+    d2t, t2d = load_vocab(root, provenance.vocab_size)
     draft_config = DraftConfig.from_verifier(
         read_config(verifier_dir(root)),
         tuple(index["layer_ids"][:-1]),
@@ -102,7 +102,7 @@ def build(root: Path, config: TrainParams, provenance: Provenance) -> tuple[Draf
         "hidden_size": provenance.hidden_size,
         "tokenizer_sha256": provenance.tokenizer_sha256,
     }
-    dataset = HiddenStateDataset(split_shards(root, "train"), expected)
+    dataset = HiddenStateDataset(split_shards(root, "train"), expected, provenance.vocab_size)
     return draft_config, dataset, {"d2t": d2t, "t2d": t2d}
 
 
@@ -139,7 +139,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
     )
     total = plan.total
     checkpoint = latest_checkpoint(out)
-    if checkpoint is not None and read_state(checkpoint)["step"] >= total:
+    if checkpoint is not None and read_state(checkpoint).step >= total:
         if world.main:
             step(f"train: all {total} steps already done ({checkpoint.name})")
         return
@@ -148,7 +148,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
     optimizer = make_optimizer(draft, config)
     start = 0
     if checkpoint is not None:
-        start = load_checkpoint(checkpoint, draft, optimizer)["step"]
+        start = load_checkpoint(checkpoint, draft, optimizer).step
         if world.main:
             step(f"train: resuming from {checkpoint.name} ({start} of {total} steps done)")
     else:
@@ -179,7 +179,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
     started = time.monotonic()
     with progress() if world.main else Quiet() as bar:
         task = bar.add_task("train (steps)", total=total, completed=start)
-        for step_index, batch in enumerate(loader, start=start):
+        for step_index, batch in enumerate(batches(loader), start=start):
             batch = {k: v.to(world.device, non_blocking=True) for k, v in batch.items()}
             lr = learning_rate(config, step_index, total)
             for group in optimizer.param_groups:

@@ -5,10 +5,12 @@ sequences; under torchrun rank r takes every world_size-th sequence of each batc
 the data and params, which is what makes resume exact and N processes train the same model as one.
 """
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from eagle3.errors import Eagle3Error
 from eagle3.formats.shards import HiddenStateDataset
 from eagle3.modeling.draft import DraftConfig
 
@@ -110,6 +112,18 @@ class BatchPlan(torch.utils.data.Sampler):
                 for position in range(max(self.start - done, 0), count):
                     yield batches[position][self.rank :: self.world].tolist()
             done += count
+
+
+def batches(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, torch.Tensor]]:
+    """The loader's batches. An Eagle3Error raised in a worker process (a damaged shard's ShardError) reaches
+    this process as the same type holding the worker's whole traceback (torch re-raises it so); it is re-raised
+    as its own message, the one line the CLI prints."""
+    try:
+        yield from loader
+    except Eagle3Error as exc:
+        kind = type(exc)
+        last = str(exc).rstrip("\n").rsplit("\n", 1)[-1]
+        raise kind(last.removeprefix(f"{kind.__module__}.{kind.__qualname__}: ")) from None
 
 
 def measure_aux_scale(dataset: HiddenStateDataset, layers: int) -> torch.Tensor:

@@ -1,0 +1,74 @@
+"""Secrets never reach the terminal: one filter for every line the CLI prints, shared with the report's redaction.
+
+`scrub` replaces with `***`: credentials in URLs (`scheme://user:password@host` -> `scheme://***@host`), bearer
+tokens (`Bearer <token>`: a misconfigured server may echo the request's header in its error body), the values of
+environment variables whose names say they hold a secret (`..._TOKEN`, `..._KEY`, `PASSWORD`, ...) and every value
+a stage read as a key (`register`: what an `api_key_env` names). Paths and everything else stay as they are: an
+error line needs them. `guard_output` routes the process's stdout and stderr through it (eagle3/cli.py and
+eagle3/runner.py call it first), so rich's progress lines, warnings, errors and libraries' logs are all filtered.
+The report stage's redaction (eagle3/publish/redaction.py) reads the same secret environment variables.
+"""
+
+import os
+import re
+import sys
+from typing import Any, TextIO
+
+MASK = "***"
+# Environment variable names that hold secrets by convention.
+SECRET_ENV_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?|AUTH)(_|$)")
+# Shorter values are too likely to occur by chance (a key of "1" would mask every digit).
+MIN_SECRET_LENGTH = 8
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)[^\s/@'\"]+@", re.IGNORECASE)
+_BEARER = re.compile(r"(?P<word>\bBearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+_registered: set[str] = set()
+
+
+def register(value: str | None) -> None:
+    """A secret this process holds (an API key read from the environment): masked in everything it prints."""
+    if value and len(value.strip()) >= MIN_SECRET_LENGTH:
+        _registered.add(value.strip())
+
+
+def environment_secrets() -> dict[str, str]:
+    """{"environment variable NAME": value} for every variable whose name says it holds a secret."""
+    return {
+        f"environment variable {name}": value.strip()
+        for name, value in os.environ.items()
+        if SECRET_ENV_NAME.search(name.upper()) and len(value.strip()) >= MIN_SECRET_LENGTH
+    }
+
+
+def scrub(text: str) -> str:
+    text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+    text = _BEARER.sub(lambda m: f"{m['word']}{MASK}", text)
+    # Longest first, so a secret that contains another is masked whole.
+    for secret in sorted({*_registered, *environment_secrets().values()}, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+class _Scrubbed:
+    """A text stream whose writes pass `scrub`; everything else is the wrapped stream's."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(scrub(text))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_output() -> None:
+    """Filter this process's stdout and stderr (idempotent)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _Scrubbed):
+            setattr(sys, name, _Scrubbed(stream))

@@ -1,0 +1,169 @@
+"""Hostile inputs from a remote through the real CLI (issue 33): one error line, exit code 2, no traceback, and
+no file changed. The projects are built by hand (a provenance, a verifier config, shards written with
+ShardWriter, a vocab file): no model runs."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+from test_untrusted_shards import BIG, HOSTILE_RECORDS, _craft, _parts, _write
+
+from eagle3.formats.provenance import LocalOrigin, Provenance, write_provenance
+from eagle3.formats.shards import write_index
+from eagle3.formats.vocab import save_vocab
+
+from conftest import eagle3, make_project
+
+VOCAB = 49152
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+}
+
+
+def _project(root):
+    """A project as extract leaves it for vocab (and vocab for train): the verifier's provenance and config, one
+    training shard of tests/test_untrusted_shards.py's samples (layers 2, 15, 27 and the final 30) and its index,
+    and a vocab file."""
+    make_project(root)
+    verifier = root / "models/verifier"
+    verifier.mkdir(parents=True)
+    (verifier / "config.json").write_text(json.dumps(CONFIG))
+    write_provenance(
+        verifier,
+        Provenance(
+            name="org/model",
+            license="apache-2.0",
+            source=LocalOrigin(kind="local", path="models/verifier"),
+            dtype="bfloat16",
+            architectures=CONFIG["architectures"],
+            model_type="llama",
+            hidden_size=64,
+            num_hidden_layers=30,
+            vocab_size=VOCAB,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=2048,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            tie_word_embeddings=True,
+            default_aux_layer_ids=[2, 15, 27],
+            chat_template_sha256="0" * 64,
+            tokenizer_sha256="ab" * 32,
+            config_sha256="0" * 64,
+            trust_remote_code=False,
+            num_weight_files=1,
+            weight_bytes=1,
+            weight_headers_sha256="0" * 64,
+        ),
+    )
+    (root / "data/hidden/train").mkdir(parents=True)
+    shard = _write(root / "data/hidden/train/shard-00000-000.e3sh")
+    write_index(root / "data/hidden", _read_meta(shard), {"train": [shard]})
+    chosen = torch.arange(2048) * 3
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[chosen] = True
+    save_vocab(root, chosen - torch.arange(2048), t2d)
+    return root, shard
+
+
+def _read_meta(path):
+    from eagle3.formats.shards import ShardReader
+
+    reader = ShardReader(path)
+    reader.close()
+    return reader.meta
+
+
+def _files(root) -> dict[str, str]:
+    """Every file of the project but Python's bytecode caches, by content."""
+    return {
+        path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def _refused(root, stage: str, message: str) -> None:
+    """The stage exits 2 with `message` in its one error line, the last of stderr (a progress bar drawn before
+    it may end above), and leaves every file as it was."""
+    before = _files(root)
+    result = eagle3(root, stage, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert [line for line in lines if "error" in line.lower()] == [lines[-1]], result.stderr
+    assert lines[-1].startswith(f"eagle3 {stage}: error: ") and message in lines[-1], lines[-1]
+    assert _files(root) == before
+
+
+def _hostile_record(case):
+    def make(shard):
+        change, entry_fields, message = HOSTILE_RECORDS[case]
+        _craft(shard, records={BIG: change(_parts(shard)[1][BIG])}, entry_changes={BIG: entry_fields})
+        return f"sample {BIG} (s{BIG}): {message}"
+
+    return make
+
+
+def _header(**fields):
+    def make(shard):
+        _craft(shard, header={**json.loads(_parts(shard)[0]), **fields})
+        return "shard header: layer_ids: Input should be a valid list (got 5)"
+
+    return make
+
+
+def _offset_outside(shard):
+    _craft(shard, entry_changes={1: {"offset": 10**12}})
+    return f"shard index: sample 1 (s1): offset {10**12}, expected"
+
+
+SHARD_CASES = {
+    "head claims 2^31 tokens": _hostile_record("head claims 2^31 tokens"),
+    "a 1 GiB zstd frame": _hostile_record("input ids: a 1 GiB zstd frame (decompression bomb)"),
+    "layer_ids is 5": _header(layer_ids=5),
+    "an index entry pointing outside the file": _offset_outside,
+}
+
+
+@pytest.mark.parametrize("case", list(SHARD_CASES))
+def test_vocab_on_a_hostile_shard_is_one_line_and_changes_nothing(tmp_path, case):
+    root, shard = _project(tmp_path / "project")
+    message = SHARD_CASES[case](shard)
+    _refused(root, "vocab", f"{shard}: {message}")
+
+
+def test_vocab_on_a_valid_hand_made_project_runs(tmp_path):
+    """The control: the same project with its shard left valid builds the vocab."""
+    root, _ = _project(tmp_path / "project")
+    eagle3(root, "vocab")
+    assert json.loads((root / "metrics/vocab.json").read_text())["loss_tokens"] > 0
+
+
+def test_train_on_a_hostile_shard_header_is_one_line_and_changes_nothing(tmp_path):
+    root, shard = _project(tmp_path / "project")
+    message = _header(layer_ids=5)(shard)
+    _refused(root, "train", f"{shard}: {message}")
+
+
+def test_train_on_a_hostile_vocab_file_is_one_line_and_changes_nothing(tmp_path):
+    root, _ = _project(tmp_path / "project")
+    vocab = root / "data/vocab/vocab.safetensors"
+    vocab.write_bytes(vocab.read_bytes()[:100])
+    _refused(root, "train", f"{vocab}: not a readable safetensors file (")
