@@ -18,19 +18,37 @@ models/draft-speculators/: the same tensors (midlayer.* named layers.0.*) with a
 contract and its verifier before anyone serves it. Each pitfall that silently wrecks acceptance in vLLM is a
 named check: missing aux layer ids, a float d2t, tied embeddings, a short max_position_embeddings, shapes that
 disagree with the verifier, a d2t/t2d pair that maps to the wrong tokens. Every mismatch is listed in one error.
+
+Drafts are pulled from remotes and handed between people, so every file is read as untrusted first
+(eagle3/formats/hf_config.py, tensor_files.py): a file that is unreadable, not UTF-8 JSON, or a field of the
+wrong type (`"8192"`, `eagle_aux_hidden_state_layer_ids: 5`), and weights that are not a whole safetensors file,
+are one error naming the file and the field before any contract check runs; no tensor is loaded before its
+shape and dtype are checked against the config.
 """
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from pydantic import Field, TypeAdapter, with_config
+from safetensors.torch import save_file
+from typing_extensions import TypedDict
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import atomic_path, write_json
-from eagle3.formats.hf_config import CONFIG, read_config, text_config
+from eagle3.formats.hf_config import (
+    CONFIG,
+    FIELDS,
+    Eps,
+    LanguageModel,
+    Name,
+    Size,
+    check_fields,
+    read_config,
+    read_json,
+    require,
+)
+from eagle3.formats.tensor_files import load_tensor, matching_tensors, tensor_headers
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 
 WEIGHTS = "model.safetensors"
@@ -43,6 +61,79 @@ _SAFETENSORS_DTYPES = {
     "I64": torch.int64,
     "BOOL": torch.bool,
 }
+_VERIFIER_HINT = "--verifier must be the verifier's Hugging Face model directory"
+_DRAFT_FIX = "re-export the draft (`eagle3 export`) or fetch it again"
+_EXPORT_FIX = "rerun `eagle3 export` to rewrite it"
+# Whether the ids are layers of the verifier is a contract check (a named problem); that they are a list of ints,
+# short enough to print, is the file's shape.
+_AuxIds = Annotated[list[int], Field(max_length=1024)]
+
+
+@with_config(FIELDS)
+class _EagleConfig(TypedDict, total=False):
+    eagle_aux_hidden_state_layer_ids: _AuxIds | None
+    use_aux_hidden_state: bool | None
+
+
+@with_config(FIELDS)
+class _VllmDraft(LanguageModel, total=False):
+    """The keys of a vLLM-format draft config read here; the layer's own are a model config's (LanguageModel)."""
+
+    draft_vocab_size: Size | None
+    norm_before_residual: bool | None
+    eagle_config: _EagleConfig | None
+    torch_dtype: Name | None
+
+
+@with_config(FIELDS)
+class _ProposalMethod(TypedDict, total=False):
+    speculative_tokens: Size | None
+
+
+@with_config(FIELDS)
+class _Speculators(TypedDict, total=False):
+    proposal_methods: list[_ProposalMethod] | None
+
+
+@with_config(FIELDS)
+class _SpeculatorsDraft(TypedDict, total=False):
+    speculators_model_type: Name | None
+    transformer_layer_config: LanguageModel | None
+    speculators_config: _Speculators | None
+    draft_vocab_size: Size | None
+    norm_before_residual: bool | None
+    eagle_aux_hidden_state_layer_ids: _AuxIds | None
+
+
+@with_config(FIELDS)
+class _ExportedEagle(TypedDict):
+    eagle_aux_hidden_state_layer_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=1024)]
+
+
+@with_config(FIELDS)
+class _Exported(TypedDict):
+    """What `load_exported_draft` builds the draft from: every key `DraftConfig.from_exported` reads, as export
+    writes it."""
+
+    hidden_size: Size
+    num_attention_heads: Size
+    num_key_value_heads: Size
+    head_dim: Size
+    intermediate_size: Size
+    rms_norm_eps: Eps
+    hidden_act: Name
+    vocab_size: Size
+    draft_vocab_size: Size
+    max_position_embeddings: Size
+    eagle_config: _ExportedEagle
+    torch_dtype: Literal["bfloat16", "float16", "float32"]
+
+
+_VLLM_DRAFT, _SPECULATORS_DRAFT, _EXPORTED = (
+    TypeAdapter(_VllmDraft),
+    TypeAdapter(_SpeculatorsDraft),
+    TypeAdapter(_Exported),
+)
 
 
 def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
@@ -126,12 +217,32 @@ def _write(directory: Path, config: dict[str, Any], tensors: dict[str, torch.Ten
 
 
 def load_exported_draft(draft_dir: Path) -> tuple[Eagle3Draft, torch.Tensor]:
-    """A vLLM-format draft as a float32 model (fc's input scale already folded in) and its d2t."""
-    config = read_config(draft_dir, "export the draft first (`dvc repro export`)")
-    tensors = load_file(str(draft_dir / WEIGHTS))
-    d2t = tensors.pop("d2t")
-    tensors.pop("t2d")
-    draft = Eagle3Draft(DraftConfig.from_exported(config))
+    """A vLLM-format draft as a float32 model (fc's input scale already folded in) and its d2t: its config complete
+    and typed, every tensor of the shape the config gives it and the dtype it names, d2t mapping into t2d."""
+    path, weights = draft_dir / CONFIG, draft_dir / WEIGHTS
+    config = read_json(path, "export the draft first (`dvc repro export`)", _EXPORT_FIX)
+    check_fields(path, config, _VLLM_DRAFT, _EXPORT_FIX)
+    check_fields(path, config, _EXPORTED, _EXPORT_FIX)
+    shape = DraftConfig.from_exported(config)
+    if shape.num_attention_heads % shape.num_key_value_heads:
+        raise Eagle3Error(
+            f"{path}: num_key_value_heads {shape.num_key_value_heads} does not divide num_attention_heads "
+            f"{shape.num_attention_heads}; {_EXPORT_FIX}"
+        )
+    try:
+        with torch.device("meta"):
+            parameters = dict(Eagle3Draft(shape).named_parameters())
+    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+        raise Eagle3Error(f"{path}: does not describe a draft ({str(exc).splitlines()[0]}); {_EXPORT_FIX}") from None
+    dtype = DTYPES[config["torch_dtype"]]
+    expected = {name: (tuple(parameter.shape), dtype) for name, parameter in parameters.items()}
+    expected |= {"d2t": ((shape.draft_vocab_size,), torch.int64), "t2d": ((shape.vocab_size,), torch.bool)}
+    tensors = matching_tensors(weights, expected, _EXPORT_FIX)
+    d2t, t2d = tensors.pop("d2t"), tensors.pop("t2d")
+    problems = _check_vocab_map(d2t, t2d)
+    if problems:
+        raise Eagle3Error(f"{weights}: {problems[0]}; {_EXPORT_FIX}")
+    draft = Eagle3Draft(shape)
     draft.load_state_dict({**{k: v.float() for k, v in tensors.items()}, "aux_scale": torch.ones_like(draft.aux_scale)})
     return draft.eval(), d2t
 
@@ -139,24 +250,23 @@ def load_exported_draft(draft_dir: Path) -> tuple[Eagle3Draft, torch.Tensor]:
 def _load_config(draft_dir: Path) -> tuple[dict[str, Any], str, list[int] | None, list[str]]:
     """(layer config, tensor prefix of the decoder layer, aux layer ids, format-level problems)."""
     path = draft_dir / CONFIG
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise Eagle3Error(f"{path}: cannot read the draft config ({exc})") from None
+    config = read_json(path, "a draft directory holds config.json and model.safetensors")
     problems = []
     if config.get("speculators_model_type") is not None:
+        check_fields(path, config, _SPECULATORS_DRAFT)
         if config["speculators_model_type"] != "eagle3":
             problems.append(f"speculators_model_type is {config['speculators_model_type']!r}, expected 'eagle3'")
-        layer = {**config.get("transformer_layer_config", {}), "draft_vocab_size": config.get("draft_vocab_size")}
+        layer = {**(config.get("transformer_layer_config") or {}), "draft_vocab_size": config.get("draft_vocab_size")}
         if config.get("norm_before_residual", True):
             problems.append(
                 "norm_before_residual must be written as false (speculators defaults it to true; "
                 "eagle3 trains without it)"
             )
-        methods = config.get("speculators_config", {}).get("proposal_methods") or [{}]
+        methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
         if not methods[0].get("speculative_tokens"):
             problems.append("speculators_config.proposal_methods[0].speculative_tokens is missing")
         return layer, "layers.0.", config.get("eagle_aux_hidden_state_layer_ids"), problems
+    check_fields(path, config, _VLLM_DRAFT)
     architectures = config.get("architectures") or []
     if not {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"} & set(architectures):
         problems.append(f"architectures is {architectures}, expected ['LlamaForCausalLMEagle3']")
@@ -203,7 +313,8 @@ def _dtype_ok(dtype: torch.dtype | None, kind: str) -> bool:
 def check_draft(draft_dir: Path, verifier_dir: Path) -> list[str]:
     """Every mismatch between the draft in `draft_dir` and the contract / the verifier, as readable lines."""
     config, prefix, aux, problems = _load_config(draft_dir)
-    verifier = text_config(read_config(verifier_dir, "--verifier must be the verifier's Hugging Face model directory"))
+    needed = ("hidden_size", "vocab_size", "num_hidden_layers", "max_position_embeddings")
+    verifier = require(verifier_dir / CONFIG, read_config(verifier_dir, _VERIFIER_HINT), needed, _VERIFIER_HINT)
     layers = verifier["num_hidden_layers"]
     # The draft's attention shape is its own (train.attention; an MLA verifier's differs from it by design): it
     # must be consistent in itself and with its tensors, and meet the verifier where they exchange data.
@@ -248,32 +359,31 @@ def check_draft(draft_dir: Path, verifier_dir: Path) -> list[str]:
     if not weights.is_file():
         return problems + [f"{weights.name} is missing"]
     expected = expected_tensors({**config, "draft_vocab_size": draft_vocab}, prefix, len(aux or [None] * 3))
-    with safe_open(str(weights), "pt") as handle:
-        present = set(handle.keys())
-        for name, (shape, kind) in expected.items():
-            if name not in present:
-                problems.append(f"tensor {name} is missing")
-                continue
-            tensor_slice = handle.get_slice(name)
-            actual_shape = tuple(tensor_slice.get_shape())
-            stored = tensor_slice.get_dtype()
-            if actual_shape != shape:
-                problems.append(f"tensor {name} has shape {list(actual_shape)}, expected {list(shape)}")
-            elif not _dtype_ok(_SAFETENSORS_DTYPES.get(stored), kind):
-                shown = (
-                    str(_SAFETENSORS_DTYPES[stored]).removeprefix("torch.") if stored in _SAFETENSORS_DTYPES else stored
-                )
-                problems.append(f"tensor {name} has dtype {shown}, expected {kind}")
-        for name in sorted(present - set(expected)):
-            if name.endswith("embed_tokens.weight"):
-                continue  # optional: vLLM uses it instead of the verifier's embeddings when present
-            problems.append(f"unexpected tensor {name} (vLLM would fail to load it)")
-        if not any("d2t" in p or "t2d" in p for p in problems) and {"d2t", "t2d"} <= present:
-            problems += _check_vocab_map(handle.get_tensor("d2t"), handle.get_tensor("t2d"))
+    headers = tensor_headers(weights, _DRAFT_FIX)
+    for name, (shape, kind) in expected.items():
+        if name not in headers:
+            problems.append(f"tensor {name} is missing")
+            continue
+        actual_shape, stored = headers[name]
+        if actual_shape != shape:
+            problems.append(f"tensor {name} has shape {list(actual_shape)}, expected {list(shape)}")
+        elif not _dtype_ok(_SAFETENSORS_DTYPES.get(stored), kind):
+            shown = str(_SAFETENSORS_DTYPES[stored]).removeprefix("torch.") if stored in _SAFETENSORS_DTYPES else stored
+            problems.append(f"tensor {name} has dtype {shown}, expected {kind}")
+    for name in sorted(set(headers) - set(expected)):
+        if name.endswith("embed_tokens.weight"):
+            continue  # optional: vLLM uses it instead of the verifier's embeddings when present
+        problems.append(f"unexpected tensor {name} (vLLM would fail to load it)")
+    if not any("d2t" in p or "t2d" in p for p in problems) and {"d2t", "t2d"} <= set(headers):
+        # Both of the shape and dtype expected: loading them allocates what the config declares.
+        problems += _check_vocab_map(load_tensor(weights, "d2t", _DRAFT_FIX), load_tensor(weights, "t2d", _DRAFT_FIX))
     return problems
 
 
 def _check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor) -> list[str]:
+    # safetensors stores a bool as a byte: any other than 0 and 1 is no bool that torch (or vLLM) computes with.
+    if int(t2d.view(torch.uint8).max()) > 1:
+        return ["t2d holds bytes other than 0 (false) and 1 (true)"]
     targets = torch.arange(len(d2t)) + d2t
     if targets.min() < 0 or targets.max() >= len(t2d):
         return [f"d2t maps draft ids outside the verifier vocab [0, {len(t2d)})"]

@@ -15,7 +15,6 @@ fingerprint: file count and bytes plus the sha256 of model.safetensors.index.jso
 without being read, which is what makes a 600 GB verifier cheap to pin.
 """
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,7 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
-from eagle3.formats.hf_config import CONFIG, read_config, text_config
+from eagle3.formats.hf_config import (
+    CONFIG,
+    WEIGHT_INDEX,
+    read_config,
+    read_json,
+    require,
+    weight_index,
+)
 from eagle3.hashing import safetensors_header_sha256, sha256_bytes, sha256_file
 from eagle3.paths import PROVENANCE, VERIFIER_DIR
 
@@ -38,6 +44,8 @@ TOKENIZER_FILES = (
 # What identifies a verifier whatever its weights layout: a stage that must redo its work when the verifier
 # changes pins these (plus the weights fingerprint where it reads weights).
 TEXT_IDENTITY = ("name", "config_sha256", "tokenizer_sha256", "chat_template_sha256")
+# safetensors' own bound on a header's length.
+_MAX_SAFETENSORS_HEADER = 100_000_000
 
 
 class _Record(BaseModel):
@@ -146,7 +154,8 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
 
 
 def describe_model_dir(model_dir: Path, trust_remote_code: bool) -> dict[str, Any]:
-    """Architecture facts and hashes every later stage needs, read without executing model code."""
+    """Architecture facts and hashes every later stage needs, read without executing model code (and as untrusted:
+    eagle3/formats/hf_config.py)."""
     config = read_config(model_dir)
     config_path = model_dir / CONFIG
     if config.get("auto_map") and not trust_remote_code:
@@ -154,46 +163,57 @@ def describe_model_dir(model_dir: Path, trust_remote_code: bool) -> dict[str, An
             f"{config_path}: the model needs its own Python code (auto_map); if you trust it, "
             "set verifier.trust_remote_code: true in params.yaml"
         )
-    text = text_config(config)
-
-    def need(key: str) -> Any:
-        if key not in text:
-            raise Eagle3Error(f"{config_path}: missing `{key}`; cannot size the draft model without it")
-        return text[key]
-
-    num_layers, heads = need("num_hidden_layers"), need("num_attention_heads")
-    hidden = need("hidden_size")
+    needed = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "max_position_embeddings")
+    text = require(config_path, config, needed, "cannot size the draft model without it")
+    num_layers, heads, hidden = text["num_hidden_layers"], text["num_attention_heads"], text["hidden_size"]
+    # A null is the key's default, as transformers reads it.
+    tied = config.get("tie_word_embeddings")
     return {
-        "architectures": config.get("architectures", []),
+        "architectures": config.get("architectures") or [],
         "model_type": text.get("model_type", config.get("model_type")),
         "hidden_size": hidden,
         "num_hidden_layers": num_layers,
-        "vocab_size": need("vocab_size"),
+        "vocab_size": text["vocab_size"],
         "intermediate_size": text.get("intermediate_size"),
         "num_attention_heads": heads,
-        "num_key_value_heads": text.get("num_key_value_heads", heads),
+        "num_key_value_heads": text.get("num_key_value_heads") or heads,
         "head_dim": text.get("head_dim") or hidden // heads,
-        "max_position_embeddings": need("max_position_embeddings"),
+        "max_position_embeddings": text["max_position_embeddings"],
         "rms_norm_eps": text.get("rms_norm_eps"),
         "rope_theta": text.get("rope_theta", (text.get("rope_parameters") or {}).get("rope_theta")),
-        "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)),
+        "tie_word_embeddings": bool(text.get("tie_word_embeddings")) if tied is None else tied,
         "default_aux_layer_ids": default_aux_layer_ids(num_layers),
         "chat_template_sha256": sha256_bytes(chat_template(model_dir).encode("utf-8")),
         "tokenizer_sha256": tokenizer_sha256(model_dir),
-        "config_sha256": sha256_file(config_path),
+        "config_sha256": _sha256(config_path),
         "trust_remote_code": trust_remote_code,
     }
+
+
+def _sha256(path: Path) -> str:
+    try:
+        return sha256_file(path)
+    except OSError as exc:
+        raise Eagle3Error(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
 def chat_template(model_dir: Path) -> str:
     jinja = model_dir / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    tokenizer_config = model_dir / "tokenizer_config.json"
-    if tokenizer_config.is_file():
-        template = json.loads(tokenizer_config.read_text(encoding="utf-8")).get("chat_template")
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise Eagle3Error(f"{jinja}: not UTF-8 text ({exc})") from None
+        except OSError as exc:
+            raise Eagle3Error(f"{jinja}: cannot read it ({exc.strerror or exc})") from None
+    path = model_dir / "tokenizer_config.json"
+    if path.is_file():
+        template = read_json(path, "the verifier needs its tokenizer files").get("chat_template")
         if isinstance(template, str) and template:
             return template
+        # transformers' list of named templates has no single one to hash: chat_template.jinja stands in for it.
+        if template is not None and not isinstance(template, list):
+            raise Eagle3Error(f"{path}: chat_template is a JSON {type(template).__name__}, not a string")
     raise Eagle3Error(
         f"{model_dir}: no chat template (chat_template.jinja or tokenizer_config.json:chat_template); "
         "the verifier must be a chat/instruct model"
@@ -202,25 +222,46 @@ def chat_template(model_dir: Path) -> str:
 
 def tokenizer_sha256(model_dir: Path) -> str:
     """One hash over every tokenizer file present, so extracted hidden states can be matched to their tokenizer."""
-    parts = [f"{name}:{sha256_file(model_dir / name)}" for name in TOKENIZER_FILES if (model_dir / name).is_file()]
+    parts = [f"{name}:{_sha256(model_dir / name)}" for name in TOKENIZER_FILES if (model_dir / name).is_file()]
     if not parts:
         raise Eagle3Error(f"{model_dir}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     return sha256_bytes("\n".join(parts).encode())
 
 
+def _header_sha256(path: Path, size: int) -> str:
+    """`safetensors_header_sha256`, once the file's first 8 bytes give a header length safetensors allows (at
+    most 100 MB, inside the file): the hash reads that many bytes."""
+    try:
+        with open(path, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+        if not 2 <= length <= min(_MAX_SAFETENSORS_HEADER, size - 8):
+            raise Eagle3Error(
+                f"{path}: not a safetensors file (its {size} bytes begin with a header length of {length}); "
+                "restore the verifier's weights from its source"
+            )
+        return safetensors_header_sha256(path)
+    except OSError as exc:
+        raise Eagle3Error(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
 def weights_fingerprint(model_dir: Path) -> dict[str, Any]:
     """Identify the weights without reading them: the shard index, or each safetensors file's header and size."""
-    index = model_dir / "model.safetensors.index.json"
+    index = model_dir / WEIGHT_INDEX
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         pickled = sorted(p.name for p in model_dir.glob("*.bin"))
         hint = f" (found pickle weights {', '.join(pickled[:3])}: convert them to safetensors first)" if pickled else ""
         raise Eagle3Error(f"{model_dir}: no *.safetensors weights{hint}")
-    fingerprint: dict[str, Any] = {"num_weight_files": len(files), "weight_bytes": sum(p.stat().st_size for p in files)}
+    try:
+        sizes = {path: path.stat().st_size for path in files}
+    except OSError as exc:  # glob lists a dangling link that stat cannot follow
+        raise Eagle3Error(f"{exc.filename}: cannot read it ({exc.strerror})") from None
+    fingerprint: dict[str, Any] = {"num_weight_files": len(files), "weight_bytes": sum(sizes.values())}
     if index.is_file():
-        fingerprint["weight_index_sha256"] = sha256_file(index)
+        weight_index(model_dir, "restore the verifier's weight index from its source")
+        fingerprint["weight_index_sha256"] = _sha256(index)
     else:
         fingerprint["weight_headers_sha256"] = sha256_bytes(
-            "\n".join(f"{p.name}:{p.stat().st_size}:{safetensors_header_sha256(p)}" for p in files).encode()
+            "\n".join(f"{p.name}:{size}:{_header_sha256(p, size)}" for p, size in sizes.items()).encode()
         )
     return fingerprint

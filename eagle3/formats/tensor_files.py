@@ -1,7 +1,9 @@
-"""The pipeline's own safetensors files (the vocab, checkpoints) read back as untrusted: they travel through DVC
-remotes like every output. A file that is not safetensors (truncated, random bytes, empty) is one error naming
-it, and every tensor's name and shape is checked before any tensor is loaded, so loading allocates no more than
-what the reader expects; dtypes are checked once loaded (at most 8 bytes a value whatever the file says).
+"""Safetensors files read back as untrusted: the pipeline's own (the vocab, checkpoints, the exported draft) travel
+through DVC remotes, and a verifier's come from wherever its directory did. A file that is not safetensors
+(truncated, random bytes, empty, a header claiming more than the file holds) is one error naming it, and every
+tensor's name and shape is checked before any tensor is loaded, so loading allocates no more than what the reader
+expects; dtypes are checked once loaded (at most 8 bytes a value whatever the file says), or from the header
+where the reader has no single dtype to expect.
 """
 
 from pathlib import Path
@@ -12,19 +14,27 @@ from safetensors import SafetensorError, safe_open
 from eagle3.errors import Eagle3Error
 
 Expected = dict[str, tuple[tuple[int, ...], torch.dtype]]
+# safetensors' names of the floating dtypes a model's weights come in.
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
 
 
 def _unreadable(path: Path, exc: Exception, fix: str) -> Eagle3Error:
     return Eagle3Error(f"{path}: not a readable safetensors file ({str(exc).splitlines()[0]}); {fix}")
 
 
-def tensor_shapes(path: Path, fix: str) -> dict[str, tuple[int, ...]]:
-    """Each tensor's shape, from the file's header alone."""
+def tensor_headers(path: Path, fix: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor's shape and dtype (as safetensors names it: "BF16", "I64"...), from the file's header alone."""
     try:
         with safe_open(str(path), "pt") as handle:
-            return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+            slices = {name: handle.get_slice(name) for name in handle.keys()}
+            return {name: (tuple(part.get_shape()), part.get_dtype()) for name, part in slices.items()}
     except (SafetensorError, OSError) as exc:
         raise _unreadable(path, exc, fix) from None
+
+
+def tensor_shapes(path: Path, fix: str) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape, from the file's header alone."""
+    return {name: shape for name, (shape, _) in tensor_headers(path, fix).items()}
 
 
 def load_tensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
@@ -32,6 +42,15 @@ def load_tensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
     try:
         with safe_open(str(path), "pt") as handle:
             return {name: handle.get_tensor(name) for name in handle.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise _unreadable(path, exc, fix) from None
+
+
+def load_tensor(path: Path, name: str, fix: str) -> torch.Tensor:
+    """One tensor of a file, whose shape and dtype the caller has checked (`tensor_headers`)."""
+    try:
+        with safe_open(str(path), "pt") as handle:
+            return handle.get_tensor(name)
     except (SafetensorError, OSError) as exc:
         raise _unreadable(path, exc, fix) from None
 
