@@ -1,6 +1,7 @@
 """Secrets never reach the terminal: one filter for every line the CLI prints, shared with the report's redaction.
 
-`scrub` replaces with `***`: credentials in URLs (`scheme://user:password@host` -> `scheme://***@host`), bearer
+`scrub` replaces with `***`: credentials in URLs (`scheme://user:password@host` -> `scheme://user:***@host`, and
+an http(s) URL's bare `user@`, often a token), bearer
 tokens (`Bearer <token>`: a misconfigured server may echo the request's header in its error body), the values of
 environment variables whose names say they hold a secret (`..._TOKEN`, `..._KEY`, `PASSWORD`, ...) and every value
 a stage read as a key (`register`: what an `api_key_env` names). Paths and everything else stay as they are: an
@@ -19,7 +20,9 @@ MASK = "***"
 SECRET_ENV_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?|AUTH)(_|$)")
 # Shorter values are too likely to occur by chance (a key of "1" would mask every digit).
 MIN_SECRET_LENGTH = 8
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)[^\s/@'\"]+@", re.IGNORECASE)
+# user:password@ anywhere; a bare user@ only in http(s) URLs, where it is often a token (ssh://root@host is not).
+_URL_PASSWORD = re.compile(r"(?P<start>\b[a-z][a-z0-9+.-]*://[^\s/@:'\"]*):[^\s/@'\"]+@", re.IGNORECASE)
+_HTTP_USER = re.compile(r"(?P<start>\bhttps?://)[^\s/@:'\"]+@", re.IGNORECASE)
 _BEARER = re.compile(r"(?P<word>\bBearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
 _registered: set[str] = set()
 
@@ -40,7 +43,8 @@ def environment_secrets() -> dict[str, str]:
 
 
 def scrub(text: str) -> str:
-    text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+    text = _URL_PASSWORD.sub(lambda m: f"{m['start']}:{MASK}@", text)
+    text = _HTTP_USER.sub(lambda m: f"{m['start']}{MASK}@", text)
     text = _BEARER.sub(lambda m: f"{m['word']}{MASK}", text)
     # Longest first, so a secret that contains another is masked whole.
     for secret in sorted({*_registered, *environment_secrets().values()}, key=len, reverse=True):

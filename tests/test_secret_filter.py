@@ -22,10 +22,15 @@ def test_scrub_masks_url_credentials_bearer_tokens_and_known_keys(monkeypatch):
         "registered-key-ABCDEFGH; /home/alice/project/data/x.e3sh; not-a-secret-value"
     )
     assert scrub(text) == (
-        f"http://{MASK}@host:8000/v1 said 401 {{'auth': 'Bearer {MASK}'}}; {MASK}; {MASK}; "
+        f"http://alice:{MASK}@host:8000/v1 said 401 {{'auth': 'Bearer {MASK}'}}; {MASK}; {MASK}; "
         "/home/alice/project/data/x.e3sh; not-a-secret-value"
     )
     assert scrub("a short key 1 stays: 1") == "a short key 1 stays: 1"  # too short to mask by value
+    # A token as an http(s) URL's user is masked; an ssh user name is not a secret.
+    assert scrub("https://ghp_abcdef0123456789@github.com/x and ssh://root@10.0.0.5/srv") == (
+        f"https://{MASK}@github.com/x and ssh://root@10.0.0.5/srv"
+    )
+    assert scrub("ssh://deploy:s3cret-pass@10.0.0.5/srv") == f"ssh://deploy:{MASK}@10.0.0.5/srv"
 
 
 def _everything_written(root) -> str:
@@ -71,4 +76,4 @@ def test_guard_output_filters_what_libraries_print(monkeypatch):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert "s3cr3t" not in result.stderr and "p4ssw0rd" not in result.stdout
-    assert f"Bearer {MASK}" in result.stderr and f"http://{MASK}@h/v1" in result.stdout
+    assert f"Bearer {MASK}" in result.stderr and f"http://u:{MASK}@h/v1" in result.stdout
