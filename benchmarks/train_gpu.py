@@ -1,13 +1,14 @@
-"""One training step at the hero run's shape: step time, tokens/s and peak memory, linear-memory attention beside
-the quadratic reference it replaced (eagle3/modeling/reference_attention.py), where that still fits, and with
-activation checkpointing per TTT step (`train.activation_checkpointing`).
+"""One training step at the hero run's shape: step time, tokens/s and peak memory of the linear-memory attention at
+each train.activation_checkpointing setting (off, mlp, full), beside the quadratic reference it replaced
+(eagle3/modeling/reference_attention.py) where that still fits. benchmarks/train_memory.py has the memory
+without a GPU.
 
 The draft is shaped as the train stage shapes it (DraftConfig.from_verifier) from a verifier config: a model
 directory's config.json (`--verifier DIR`), or a built-in shape that needs no weights (`--shape kimi-k2.5`, the
 default, or `--shape tiny` for a CPU smoke run). Weights, hidden states and token ids are random: the cost of a
 step does not depend on their values. Each arm runs the real step (eagle3/training/objective.py: train_step,
 fused AdamW, bf16 autocast) on batch 1, one warm-up step then the median of `--steps` timed ones; arms alternate
-in one process and the ratios printed are each arm / linear.
+in one process and the ratios printed are each arm / off.
 
     python benchmarks/train_gpu.py --tokens 2048 8192 16384 --ttt-steps 7          # an H200
     python benchmarks/train_gpu.py --shape tiny --tokens 256 1024 --ttt-steps 3     # any CPU
@@ -26,33 +27,13 @@ from eagle3.modeling.attention import ttt_attention
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.modeling.reference_attention import reference_ttt_attention
 from eagle3.params.train import TrainParams
+from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
 from eagle3.training.distributed import Dist
 from eagle3.training.objective import Objective, make_optimizer, train_step, training_precision
 
-# Kimi-K2.5's language model (its config.json `text_config`), as far as the draft's shape reads it.
+# Kimi-K2.5's language model (eagle3/tools/plan_types.py), and a shape any CPU steps in seconds.
 SHAPES = {
-    "kimi-k2.5": {
-        "hidden_size": 7168,
-        "intermediate_size": 18432,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 64,
-        "num_hidden_layers": 61,
-        "vocab_size": 163840,
-        "max_position_embeddings": 262144,
-        "rms_norm_eps": 1e-5,
-        "hidden_act": "silu",
-        "rope_theta": 50000.0,
-        "rope_scaling": {
-            "type": "yarn",
-            "rope_type": "yarn",
-            "factor": 64.0,
-            "original_max_position_embeddings": 4096,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-        },
-    },
+    "kimi-k2.5": KIMI_K2_5_TEXT_CONFIG,
     "tiny": {
         "hidden_size": 256,
         "intermediate_size": 512,
@@ -66,11 +47,12 @@ SHAPES = {
         "rope_theta": 10000.0,
     },
 }
-# Arm: (attention, activation checkpointing per TTT step).
+# Arm: (attention, train.activation_checkpointing).
 ARMS = {
-    "linear": (ttt_attention, False),
-    "recompute": (ttt_attention, True),
-    "reference": (reference_ttt_attention, False),
+    "off": (ttt_attention, "off"),
+    "mlp": (ttt_attention, "mlp"),
+    "full": (ttt_attention, "full"),
+    "reference": (reference_ttt_attention, "off"),
 }
 
 
@@ -138,7 +120,7 @@ def main() -> None:
     parser.add_argument("--ttt-steps", type=int, nargs="+", default=[7])
     parser.add_argument("--draft-vocab", type=int, help="draft vocabulary (default: 32,000; 256 for the tiny shape)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per arm (median), after one warm-up")
-    parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["linear", "recompute", "reference"])
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     verifier = verifier_config(args)
@@ -161,12 +143,12 @@ def main() -> None:
                 seconds, peak = result
                 memory = f"{peak / 2**30:.1f}" if peak is not None else "n/a"
                 print(f"{tokens:>7} {ttt_steps:>4} {arm:>10} {seconds:>8.3f} {tokens / seconds:>9.0f} {memory:>9}")
-            base = measured.get("linear")
+            base = measured.get("off")
             for arm, result in measured.items():
-                if arm == "linear" or base is None or result is None:
+                if arm == "off" or base is None or result is None:
                     continue
                 memory = f", memory x{result[1] / base[1]:.2f}" if base[1] else ""
-                print(f"{'':>7} {'':>4} {'ratio':>10} {arm}/linear: time x{result[0] / base[0]:.2f}{memory}")
+                print(f"{'':>7} {'':>4} {'ratio':>10} {arm}/off: time x{result[0] / base[0]:.2f}{memory}")
 
 
 if __name__ == "__main__":

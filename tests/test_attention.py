@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
-from memory import PeakBytes
 
 from eagle3.modeling.attention import CausalAttentionWithLse, ttt_attention
 from eagle3.modeling.reference_attention import reference_ttt_attention
+from eagle3.training.memory import PeakBytes
 
 
 def cache_of(steps: int, batch: int, kv_heads: int, tokens: int, dim: int, generator: torch.Generator):
@@ -91,3 +91,16 @@ def test_peak_memory_of_a_step_grows_linearly_in_the_sequence_length():
     )
     assert reference_long / reference_short > 12
     assert reference_long > 20 * long
+
+
+def test_a_late_step_keeps_no_fp32_copy_of_any_value():
+    # Step 7 merges the causal block with six own-step values. Autograd of the plain merge kept an fp32 copy of
+    # each of them and of the causal output for the backward: 10x the bf16 queries' bytes here.
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 8, 256, 16, generator=generator).bfloat16().requires_grad_()
+    cache = [(k.bfloat16(), v.bfloat16()) for k, v in cache_of(7, 1, 4, 256, 16, generator)]
+    with PeakBytes([q, *(t for pair in cache for t in pair)]) as meter:
+        out = ttt_attention(q, cache, 0.25)
+        kept = meter.live - out.untyped_storage().nbytes()
+    # The causal output (q's size), its log-sum-exp and the merge weights (7 fp32 per query and head).
+    assert kept < 3 * q.nbytes, (kept, q.nbytes)

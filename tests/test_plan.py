@@ -29,6 +29,15 @@ def _metrics(root: Path, ratio: float = 1.476, tokens_per_s: float | None = None
     return path
 
 
+@pytest.fixture(autouse=True, scope="module")
+def train_memory_cache(tmp_path_factory):
+    """The training-memory estimate's cache (eagle3/tools/plan_memory.py) of this module's own: the first plan
+    measures it, the later ones read it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 def _plan(root: Path, *args: str) -> dict:
     return json.loads(eagle3(root, "plan", *args, "--json").stdout)
 
@@ -60,6 +69,8 @@ TRAIN_S = 4 * TOKENS / TRAIN_B200  # 1,514 s
 TENSORS = 2 * 163840 * 7168 * 2  # embedding + lm_head, bf16: 4.70 GB
 DRAFT = 10 * 7168**2 + 3 * 7168 * 18432 + 32000 * 7168  # 1,139,621,888
 CHECKPOINTS = DRAFT * 12 * 3
+# The draft the trainer actually builds for Kimi-K2.5: 64 heads x 128 (MLA), more than DRAFT's 10 H^2 assumes.
+TRAINED_PARAMS = 1_190_948_864
 LINK = 5e9 * 0.8 / 8  # 5e8 B/s
 USD_PER_S = 8 * 5.0 / 3600
 
@@ -118,13 +129,63 @@ def test_seed_case_kimi(tmp_path):
     assert budget == "Budget (B, training included): $38 is below $180-900; 0.95 h is below 6-18 h."
     warnings = " ".join(plan["warnings"])
     assert "measured on HuggingFaceTB/SmolLM2-135M-Instruct's states, not moonshotai/Kimi-K2.5's" in warnings
-    assert "samples of 16,384 tokens: training memory is now linear in length but not yet measured" in warnings
-    assert "the quadratic trainer before it fitted at most 4,096 tokens x 7 TTT steps" in warnings
     assert "cache.type hardlink,symlink" in warnings
+    assert "activation_checkpointing" not in warnings  # 16K tokens x 7 TTT steps trains on a B200 as it is
+
+    # Training memory per B200 (one of 8 DDP processes), from the estimate's line per setting.
+    lines, memory = plan["inputs"]["train_memory"]["lines"], plan["train_memory"]
+    assert list(lines) == list(memory["settings"]) == ["off", "mlp", "full"]
+    assert memory["memory_bytes"] == 180e9 and (memory["processes"], memory["sharding"]) == (8, "ddp")
+    for name, line in lines.items():
+        at_16k = line["fixed_bytes"] + line["bytes_per_token"] * 16384
+        setting = memory["settings"][name]
+        assert setting["at_max_tokens_bytes"] == pytest.approx(at_16k) and setting["fits"] == (at_16k <= 180e9)
+        assert setting["longest_tokens"] == int((180e9 - line["fixed_bytes"]) // line["bytes_per_token"])
+    # Recompute trades memory per token for compute; what every setting holds (weights, AdamW, DDP's gradient
+    # copy: 16 B per parameter; the verifier's bf16 embedding and head rows) is the same.
+    per_token = [line["bytes_per_token"] for line in lines.values()]
+    assert per_token == sorted(per_token, reverse=True) and per_token[-1] < 0.5 * per_token[0]
+    fixed = TRAINED_PARAMS * 16 + (163840 + 32000) * 7168 * 2
+    assert all(fixed < line["fixed_bytes"] < fixed + 6e9 for line in lines.values())
+    assert memory["settings"]["full"]["at_max_tokens_bytes"] <= 40 * 2**30 + TRAINED_PARAMS * 4
+    assert memory["settings"]["off"]["at_max_tokens_bytes"] <= 72 * 2**30 + TRAINED_PARAMS * 4
 
     table = eagle3(tmp_path, "plan", *SEED).stdout
     assert table.index("Disk: the rented machine") < table.index("Sizes")
     assert "57,344 B" in table and "2.82 TB" in table and "* B" in table
+    assert "Training memory per NVIDIA B200 SXM (180 GB;" in table
+    longest = memory["settings"]["full"]["longest_tokens"]
+    assert f"{longest:,} tokens" in table
+
+
+def test_training_memory_names_the_setting_that_fits_or_the_longest_sample(tmp_path):
+    lines = _plan(tmp_path, *SEED, "--compression-ratio", "1.5")["inputs"]["train_memory"]["lines"]
+    at = {name: line["fixed_bytes"] + line["bytes_per_token"] * 32768 for name, line in lines.items()}
+    # An H100's 80 GB: 32K tokens need more than that with recompute off, less with the MLP recomputed.
+    assert at["off"] > 80e9 >= at["mlp"], at
+    warnings = _plan(tmp_path, *SEED, "--compression-ratio", "1.5", "--gpu", "h100", "--max-tokens", "32768")[
+        "warnings"
+    ]
+    (warning,) = [w for w in warnings if "activation_checkpointing" in w]
+    assert warning.startswith(f"samples of 32,768 tokens need {at['off'] / 1e9:,.0f} GB per GPU")
+    assert f"set it to mlp ({at['mlp'] / 1e9:,.0f} GB, estimated)" in warning
+    # 64K tokens do not train there at all; the longest that does with full recompute is (80 GB - fixed) / per token.
+    full = lines["full"]
+    longest = int((80e9 - full["fixed_bytes"]) // full["bytes_per_token"])
+    warnings = _plan(tmp_path, *SEED, "--compression-ratio", "1.5", "--gpu", "h100", "--max-tokens", "65536")[
+        "warnings"
+    ]
+    (warning,) = [w for w in warnings if "activation_checkpointing" in w]
+    assert (
+        "do not train on one NVIDIA H100 SXM (80 GB, 8 x ddp) even with train.activation_checkpointing: full" in warning
+    )
+    assert warning.endswith(f"the longest that does is {longest:,} tokens")
+    # FSDP over the 8 GPUs: each holds an eighth of the weights and AdamW state (12 B per parameter) and no
+    # gradient copy, but gathers the whole weights for the step: 7/8 x 12 B per parameter less than DDP.
+    sharded = _plan(tmp_path, *SEED, "--compression-ratio", "1.5", "--sharding", "fsdp")["train_memory"]["settings"]
+    for name, line in lines.items():
+        saved = line["fixed_bytes"] + line["bytes_per_token"] * 16384 - sharded[name]["at_max_tokens_bytes"]
+        assert saved == pytest.approx(7 / 8 * 12 * TRAINED_PARAMS, rel=1e-3), name
 
 
 def test_storage_options_from_a_ratio_measured_with_another_storage(tmp_path):
@@ -218,6 +279,10 @@ def test_every_formula_against_hand_computation(tmp_path):
     }
     plan = _plan(tmp_path, *(part for pair in flags.items() for part in pair))
     assert plan["inputs"]["verifier"]["hidden_size"] == 1000 and plan["verifier_weights_bytes"] == 1e10
+    # A config without attention heads shapes no draft: the plan says so instead of a training-memory figure.
+    assert plan["train_memory"]["settings"] is None and plan["train_memory"]["source"] == (
+        "not estimated: verifier config.json: missing 'num_attention_heads', needed to shape the draft"
+    )
     assert plan["tokens"] == 100_000
     assert plan["bytes_per_token"] == 8_000  # 4 x 1000 x 2
     assert plan["hidden_states"] == {"raw_bytes": 8e8, "stored_bytes": 4e8, "largest_sample_bytes": 1.6e7}
@@ -309,8 +374,10 @@ def test_gpu_presets_and_weights_that_do_not_fit_gpu_memory(tmp_path):
     assert h100["recommendation"] == "A" and h100["rates"]["machine_usd_per_hour"] == 16
     assert h100["rates"]["train_tokens_per_s"] == pytest.approx(8 * 7134)
     assert any("do not fit there (8 x 80 GB x 0.9)" in w for w in h100["warnings"])
+    long = _plan(tmp_path, "--samples", "3000", "--mean-tokens", "65536", "--gpu", "h200")
+    assert any("train.activation_checkpointing" in w for w in long["warnings"])
     short = _plan(tmp_path, "--samples", "3000", "--mean-tokens", "2048", "--gpu", "h200")
-    assert not any("today's trainer" in w for w in short["warnings"])
+    assert not any("train.activation_checkpointing" in w for w in short["warnings"])
 
 
 def test_measured_rates_only_from_the_same_verifier(tmp_path):

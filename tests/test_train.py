@@ -2,10 +2,12 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +22,7 @@ from eagle3.formats.synthetic import iter_records
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.precision import resolve
 
-from conftest import TRAIN_SMALL, copy_project, draft_params, eagle3
+from conftest import TRAIN_SMALL, copy_project, draft_params, eagle3, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -100,26 +102,77 @@ def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
     assert (killed / curve).read_text() == (reference / curve).read_text()
 
 
-def test_two_processes_launched_from_params_match_one(extracted_real, tmp_path):
-    # A token budget the longest samples fill alone: those steps leave the second process an empty share.
-    longest = int(HiddenStateDataset(split_shards(extracted_real, "train")).lengths.max())
-    settings = {"epochs": 2, "precision": "float32", "log_every": 1, "num_workers": 0, "max_tokens_per_batch": longest}
-    single = copy_project(extracted_real, tmp_path / "single", draft_params(**settings))
-    eagle3(single, "train")
-    launched = {**settings, "launch": {"processes_per_node": 2}}
-    double = copy_project(extracted_real, tmp_path / "double", draft_params(**launched))
-    # What `dvc repro` runs: the stage itself starts torchrun, as train.launch says.
+CURVE = "metrics/train/plots/metrics/train/loss.tsv"
+
+
+def _losses(root):
+    return [float(line.split("\t")[1]) for line in (root / CURVE).read_text().splitlines()[1:]]
+
+
+def _train(root):
+    # What `dvc repro` runs: the stage itself starts torchrun when train.launch says so.
     result = subprocess.run(
-        [sys.executable, "-m", "eagle3.cli", "train"], cwd=double, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "eagle3.cli", "train"], cwd=root, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    curve = "metrics/train/plots/metrics/train/loss.tsv"
-    one = [float(line.split("\t")[1]) for line in (single / curve).read_text().splitlines()[1:]]
-    two = [float(line.split("\t")[1]) for line in (double / curve).read_text().splitlines()[1:]]
-    assert len(one) == len(two) == json.loads((single / "metrics/train/metrics.json").read_text())["total_steps"]
-    assert one[-1] < one[0]
-    for a, b in zip(one, two, strict=True):
-        assert abs(a - b) <= 1e-4 * abs(a), (one, two)
+    return result
+
+
+def _rewound(source, root, step, params):
+    """`source` with its checkpoints after `step` gone, under `params`: training there resumes at `step`. The
+    curves and checkpoints are copied, not linked, since training rewrites them in place."""
+    rewritten = {source: {"params.yaml", "checkpoints"}, source / "metrics": {"train"}}
+
+    def linked(directory, names):
+        return rewritten.get(Path(directory), set()) & set(names)
+
+    shutil.copytree(source, root, copy_function=os.link, ignore=linked)
+    shutil.copytree(source / "checkpoints", root / "checkpoints", dirs_exist_ok=True)
+    shutil.copytree(source / "metrics/train", root / "metrics/train", dirs_exist_ok=True)
+    for later in (root / "checkpoints").glob("step-*"):
+        if int(later.name.removeprefix("step-")) > step:
+            shutil.rmtree(later)
+    write_params(root, params)
+    return root
+
+
+def test_two_processes_match_one_and_resume_across_process_counts(extracted_real, tmp_path):
+    # A token budget the longest samples fill alone: those steps leave the second process an empty share.
+    longest = int(HiddenStateDataset(split_shards(extracted_real, "train")).lengths.max())
+    settings = {
+        "epochs": 2,
+        "precision": "float32",
+        "log_every": 1,
+        "num_workers": 0,
+        "max_tokens_per_batch": longest,
+        "checkpoint_every": 2,
+        "keep_checkpoints": 1000,
+    }
+    single = copy_project(extracted_real, tmp_path / "single", draft_params(**settings))
+    eagle3(single, "train")
+    one = _losses(single)
+    total = json.loads((single / "metrics/train/metrics.json").read_text())["total_steps"]
+    assert len(one) == total and one[-1] < one[0]
+
+    def same_curve(root):
+        other = _losses(root)
+        assert len(other) == total
+        for a, b in zip(one, other, strict=True):
+            assert abs(a - b) <= 1e-4 * abs(a), (one, other)
+
+    two = {**settings, "launch": {"processes_per_node": 2}}
+    double = copy_project(extracted_real, tmp_path / "ddp", draft_params(**two))
+    _train(double)
+    same_curve(double)
+    # Resumed on two processes with train.sharding fsdp from one process's checkpoint, then back on one process
+    # from theirs: the checkpoints hold whole tensors whatever wrote them.
+    into_two, back = 2 * (total // 6), 2 * (total // 3)
+    sharded = _rewound(single, tmp_path / "fsdp", into_two, draft_params(**two, sharding="fsdp"))
+    assert f"resuming from step-{into_two:07d}" in _train(sharded).stderr
+    returned = _rewound(sharded, tmp_path / "back", back, draft_params(**settings))
+    assert f"resuming from step-{back:07d}" in _train(returned).stderr
+    same_curve(sharded)
+    same_curve(returned)
 
 
 def _prompts(root, count):

@@ -19,10 +19,10 @@ import pytest
 import torch
 import xxhash
 import zstandard
-from memory import PeakBytes
 
 from eagle3.formats.shard_checks import RECORD_HEAD
 from eagle3.formats.shards import MAGIC, VERSION, ShardError, ShardMeta, ShardReader, ShardWriter, write_index
+from eagle3.training.memory import PeakBytes
 
 PREFIX, FOOTER = struct.Struct("<8sHHIQ"), struct.Struct("<QQQ8s")
 META = ShardMeta(verifier="org/model", layer_ids=(2, 15, 27, 30), hidden_size=64, tokenizer_sha256="ab" * 32)

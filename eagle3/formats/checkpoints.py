@@ -7,8 +7,11 @@
         state.json              {step, total_steps, run_key, draft_config}
 
 A checkpoint directory is written as `.step-NNNNNNN.partial` and renamed once complete, so one with the final
-name is always whole. The step fixes the data position and the learning rate, so loading the newest
-checkpoint and continuing ends at the same weights as an uninterrupted run.
+name is always whole. It holds whole tensors whatever the number of processes and train.sharding: under fsdp
+every process takes part in gathering the slices (DTensors) before rank 0 writes them, and loading slices each
+whole tensor again for the process that reads it, so a run resumes on any number of processes. The step fixes
+the data position and the learning rate, so loading the newest checkpoint and continuing ends at the same
+weights as an uninterrupted run.
 
 Read back as untrusted (checkpoints travel through remotes): state.json is validated field by field, and every
 tensor's name, shape and dtype must be the draft's (for export, the draft its draft_config describes, sized on
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from eagle3.errors import Eagle3Error, field_problem
 from eagle3.files import atomic_path, write_json
@@ -69,21 +73,36 @@ def latest_checkpoint(out: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself, or a DTensor gathered from every process (a collective: all of them must call it)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+
+
+def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A whole tensor as `param` holds it: on its device, and sliced as it is when it is a DTensor."""
+    if isinstance(param, DTensor):
+        return distribute_tensor(value, param.device_mesh, param.placements)
+    return value.to(param.device)
+
+
 def save_checkpoint(
-    out: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer, state: dict[str, Any], keep: int
+    out: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer, state: dict[str, Any], keep: int, write=True
 ) -> Path:
+    """Every process calls it (sharded tensors are gathered); only where `write` is it written."""
     final = out / f"step-{state['step']:07d}"
+    model = {k: _whole(v) for k, v in draft.state_dict().items()}
+    names = {id(p): n for n, p in draft.named_parameters()}
+    tensors = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                value = _whole(value)
+                tensors[f"{names[id(param)]}::{key}"] = value.reshape(-1) if value.dim() == 0 else value
+    if not write:
+        return final
     with atomic_path(final) as partial:
         partial.mkdir()
-        save_file({k: v.detach().contiguous() for k, v in draft.state_dict().items()}, str(partial / MODEL))
-        names = {id(p): n for n, p in draft.named_parameters()}
-        tensors = {}
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                for key, value in optimizer.state.get(param, {}).items():
-                    tensors[f"{names[id(param)]}::{key}"] = (
-                        value.detach().reshape(-1) if value.dim() == 0 else value.detach()
-                    )
+        save_file({k: v.contiguous() for k, v in model.items()}, str(partial / MODEL))
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial / OPTIMIZER))
         write_json(partial / STATE, state)
     for old in checkpoints(out)[:-keep]:
@@ -124,9 +143,12 @@ def _shapes(module: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.d
 
 
 def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer | None) -> CheckpointState:
-    """Weights into `draft` and AdamW state into `optimizer`, on the device the draft is on now."""
+    """Weights into `draft` and AdamW state into `optimizer`, on the device the draft is on now (sliced as its
+    parameters are under fsdp: every process calls it)."""
     state = read_state(path)
-    draft.load_state_dict(matching_tensors(path / MODEL, _shapes(draft), _fix(path)))
+    current = draft.state_dict()
+    tensors = matching_tensors(path / MODEL, _shapes(draft), _fix(path))
+    draft.load_state_dict({name: _like(value, current[name]) for name, value in tensors.items()})
     if optimizer is not None:
         params = dict(draft.named_parameters())
         # Whichever parameters have state (a parameter that never had a gradient has none).
@@ -137,9 +159,10 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optim
         }
         for key, value in matching_tensors(path / OPTIMIZER, expected, _fix(path), every=False).items():
             name, field = key.split("::")
-            # On the parameter's device: fused AdamW refuses state on another device than its parameter.
+            # As the parameter is (device, slices): fused AdamW refuses state on another device than its parameter.
             param = params[name]
-            optimizer.state[param][field] = (value.reshape(()) if field == "step" else value).to(param.device)
+            step_count = field == "step"
+            optimizer.state[param][field] = value.reshape(()).to(param.device) if step_count else _like(value, param)
     return state
 
 

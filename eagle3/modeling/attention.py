@@ -40,10 +40,36 @@ def ttt_attention(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]
     grouped = q.view(batch, kv_heads, heads // kv_heads, tokens, dim)
     own = [(grouped * k[:, :, None]).sum(-1, dtype=torch.float32) * scale for k, _ in cache[1:]]
     weights = torch.stack([lse.view(grouped.shape[:-1]), *own], dim=-1).softmax(-1)
-    out = weights[..., 0, None] * causal.view(grouped.shape).float()
-    for j, (_, v) in enumerate(cache[1:], start=1):
-        out = out + weights[..., j, None] * v[:, :, None].float()
-    return out.to(q.dtype).view(batch, heads, tokens, dim)
+    out = WeightedValues.apply(weights, causal.view(grouped.shape), *(v for _, v in cache[1:]))
+    return out.view(batch, heads, tokens, dim)
+
+
+class WeightedValues(torch.autograd.Function):
+    """weights[..., 0] * causal + sum_j weights[..., j] * values[j-1], summed in fp32, in causal's dtype.
+    weights [B, Hkv, G, T, 1+i] fp32, causal [B, Hkv, G, T, D], values [B, Hkv, T, D] (shared by the G query heads
+    of their group). Autograd of that expression keeps an fp32 copy of every value and of causal for the backward,
+    i+1 copies of the heads' size at step i, quadratic in the TTT steps; this keeps only its inputs, which the
+    attention keeps anyway."""
+
+    @staticmethod
+    def forward(ctx, weights, causal, *values):
+        out = weights[..., 0, None] * causal.float()
+        for j, v in enumerate(values, start=1):
+            out = out + weights[..., j, None] * v[:, :, None].float()
+        ctx.save_for_backward(weights, causal, *values)
+        return out.to(causal.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weights, causal, *values = ctx.saved_tensors
+        grad = grad.float()
+        grad_weights = [(grad * causal.float()).sum(-1)]
+        grad_causal = (grad * weights[..., 0, None]).to(causal.dtype)
+        grad_values = []
+        for j, v in enumerate(values, start=1):
+            grad_weights.append((grad * v[:, :, None].float()).sum(-1))
+            grad_values.append((grad * weights[..., j, None]).sum(2).to(v.dtype))
+        return torch.stack(grad_weights, dim=-1), grad_causal, *grad_values
 
 
 def _repeat(tensor: torch.Tensor, groups: int) -> torch.Tensor:

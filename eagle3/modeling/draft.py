@@ -37,7 +37,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.modeling.attention import ttt_attention
 from eagle3.modeling.ttt_alignment import input_offset, shift_left
-from eagle3.params.train import DraftAttention
+from eagle3.params.train import RECOMPUTE, DraftAttention
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 
@@ -175,6 +175,46 @@ def _rope(verifier_rope: dict[str, Any], attention: DraftAttention) -> dict[str,
     return {"rope_parameters": {"rope_type": rope_type, **scaling, "rope_theta": theta}}
 
 
+def norm_dtype(weight: torch.Tensor, x: torch.Tensor) -> torch.dtype:
+    """What RMSNorm returns: under autocast, x's dtype (every consumer is a matmul that rounds to it anyway: the
+    same values in half the bytes); outside autocast, the dtype weight * x has."""
+    return x.dtype if torch.is_autocast_enabled(x.device.type) else torch.promote_types(weight.dtype, x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype):
+    """(weight * x / rms(x) in `dtype`, the per-row 1 / rms in fp32), in fp32 as transformers' LlamaRMSNorm."""
+    inverse = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * (x.float() * inverse).to(x.dtype)).to(dtype), inverse
+
+
+def rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, inverse: torch.Tensor):
+    """(gradient with respect to x in x's dtype, with respect to weight in fp32) of rms_norm, recomputed from x."""
+    wide, grad = x.float(), grad.float()
+    grad_weight = (grad * (wide * inverse).to(x.dtype)).reshape(-1, weight.shape[0]).sum(0)
+    # The gradient reaching the normalised x is rounded to x's dtype, as autograd of rms_norm rounds it.
+    grad_normed = (grad * weight).to(x.dtype).float()
+    along = (grad_normed * wide).sum(-1, keepdim=True) * inverse.pow(3) / x.shape[-1]
+    return (grad_normed * inverse - wide * along).to(x.dtype), grad_weight
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """rms_norm keeping only x (in its own dtype) and the per-row inverse norm for the backward: autograd of the
+    expression keeps an fp32 copy of x, and its fp32 output makes each bf16 matmul after it keep a copy of its
+    own."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, dtype):
+        out, inverse = rms_norm(x, weight, eps, dtype)
+        ctx.save_for_backward(x, weight, inverse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, inverse = ctx.saved_tensors
+        grad_x, grad_weight = rms_norm_backward(grad, x, weight, inverse)
+        return grad_x, grad_weight.to(weight.dtype), None, None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -182,10 +222,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return _RMSNormFunction.apply(x, self.weight, self.eps, norm_dtype(self.weight, x))
 
 
 class TTTAttention(nn.Module):
@@ -237,11 +274,16 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config.llama_config())
 
-    def forward(self, embeds, hidden, cos, sin, cache):
+    def forward(self, embeds, hidden, cos, sin, cache, recompute_mlp: bool = False):
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         attended, k, v = self.self_attn(x, cos, sin, cache)
         residual = attended + hidden
-        return self.mlp(self.post_attention_layernorm(residual)) + residual, k, v
+        if recompute_mlp:
+            return checkpoint(self.feed_forward, residual, use_reentrant=False) + residual, k, v
+        return self.feed_forward(residual) + residual, k, v
+
+    def feed_forward(self, residual: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.post_attention_layernorm(residual))
 
 
 class Eagle3Draft(nn.Module):
@@ -270,25 +312,33 @@ class Eagle3Draft(nn.Module):
                 self.lm_head.weight.copy_(lm_head.to(self.lm_head.weight.dtype))
 
     def unroll(
-        self, input_ids: torch.Tensor, aux: torch.Tensor, embed: nn.Module, steps: int, recompute: bool = False
+        self, input_ids: torch.Tensor, aux: torch.Tensor, embed: nn.Module, steps: int, recompute: str = "off"
     ) -> list[torch.Tensor]:
         """Training-time test. input_ids [B, T] (the verifier's sequence), aux [B, T, A*H].
         Returns per step i the pre-norm features [B, T, H] where position t predicts token t+2+i (ttt_alignment)
         (`logits` turns them into draft-vocab logits; the trainer does so only where the loss counts).
-        `recompute`: keep only each step's inputs and outputs for the backward and run the step again there
-        (activation checkpointing: a step's activations at 16K tokens are several GB at Kimi-K2.5's shape)."""
+        `recompute` (train.activation_checkpointing): "full" keeps only each step's inputs and outputs for the
+        backward and runs the whole step again there; "mlp" recomputes only each step's MLP, the largest part
+        of what a step keeps (several GB per step at 16K tokens at Kimi-K2.5's shape); "off" keeps everything."""
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE)}")
         batch, tokens = input_ids.shape
         hidden = self.fc(aux.to(self.aux_scale.dtype) / self.aux_scale)  # shards hold bf16; the scale is fp32
         positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
-        step = self.midlayer
-        if recompute and torch.is_grad_enabled():
-            step = functools.partial(checkpoint, self.midlayer, use_reentrant=False)
+        training = torch.is_grad_enabled()
+        recompute_mlp = training and recompute == "mlp"
+
+        def step(ahead, hidden, cos, sin, cache):
+            # The embedding lookup inside the step, so a recomputed step keeps token ids rather than embeddings.
+            return self.midlayer(embed(ahead).to(hidden.dtype), hidden, cos, sin, cache, recompute_mlp)
+
+        if training and recompute == "full":
+            step = functools.partial(checkpoint, step, use_reentrant=False)
         cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         features = []
         for i in range(steps):
-            ahead = shift_left(input_ids, input_offset(i))
             cos, sin = self.rotary(hidden, positions + i)
-            hidden, k, v = step(embed(ahead).to(hidden.dtype), hidden, cos, sin, tuple(cache))
+            hidden, k, v = step(shift_left(input_ids, input_offset(i)), hidden, cos, sin, tuple(cache))
             cache.append((k, v))
             features.append(hidden)
         return features

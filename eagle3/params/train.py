@@ -1,11 +1,22 @@
 """params.yaml `train:` — the EAGLE-3 draft and how it is trained."""
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import BeforeValidator, Field, NonNegativeInt, PositiveInt, model_validator
 
 from eagle3.params.base import Section, Seed, Threads, Workers, execution_only, pin_environment_setting
 from eagle3.precision import TrainPrecision
+
+
+def _yaml_off(value: Any) -> Any:
+    # YAML 1.1 (PyYAML) reads an unquoted `off` as false; true has no meaning here and stays an error.
+    return "off" if value is False else value
+
+
+# train.activation_checkpointing: what of each TTT step the backward recomputes instead of keeping.
+ActivationCheckpointing = Annotated[Literal["off", "mlp", "full"], BeforeValidator(_yaml_off)]
+RECOMPUTE = get_args(get_args(ActivationCheckpointing)[0])
+Sharding = Literal["ddp", "fsdp"]
 
 
 class LaunchParams(Section):
@@ -70,9 +81,13 @@ class TrainParams(Section):
     # bfloat16: autocast (weights and optimizer state stay fp32); auto: bfloat16 where the training device
     # computes it natively, else float32 (eagle3/precision.py). The resolved value is part of the run key.
     precision: TrainPrecision = "auto"
-    # Recompute each TTT step in the backward instead of keeping its activations: about a third more compute,
-    # a fraction of the memory (what lets long samples x 7 steps fit a GPU). Same gradients either way.
-    activation_checkpointing: bool = execution_only(False)
+    # What the backward recomputes instead of keeping (same gradients either way): off; mlp, each TTT step's MLP
+    # (its largest activations, for a fraction of a step's compute); full, each whole TTT step (about a third
+    # more compute, the least memory). README "Training memory" has the estimates per setting.
+    activation_checkpointing: ActivationCheckpointing = execution_only("off")
+    # Several processes: ddp replicates the draft's weights, gradients and AdamW state on each; fsdp (PyTorch's
+    # FSDP2) splits them over the processes, gathering the weights for each step. Same model either way.
+    sharding: Sharding = execution_only("ddp")
     # MLP width of the draft layer; null: the verifier's intermediate_size.
     intermediate_size: PositiveInt | None = None
     attention: DraftAttention = DraftAttention()

@@ -7,11 +7,12 @@ build the draft, resume from the newest checkpoint, step, log, checkpoint.
 Data: the training shards through HiddenStateDataset (DataLoader workers decompress in parallel). Under
 torchrun (started by this stage as `train.launch` says: eagle3/training/launch.py) rank r takes every
 world_size-th sequence of each global batch and the loss is normalised by global counts, so 1 and N processes
-train the same model.
+train the same model, with the draft replicated (DDP) or split over them (FSDP2) as `train.sharding` says.
 
 Resume: a checkpoint (eagle3/formats/checkpoints.py) every `checkpoint_every` steps and at the end. The step
 fixes the data position and the learning rate, so a rerun after kill -9 continues from the newest checkpoint
-and ends at the same weights as an uninterrupted run (CPU). Curves go to metrics/train/ through DVCLive.
+and ends at the same weights as an uninterrupted run (CPU), on the same or any other number of processes.
+Curves go to metrics/train/ through DVCLive.
 """
 
 import os
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
@@ -38,7 +38,7 @@ from eagle3.paths import CHECKPOINT_DIR, HIDDEN_INDEX, VOCAB_FILE
 from eagle3.progress import Quiet, progress, step
 from eagle3.resume import resume_or_reset, run_key
 from eagle3.training.data import BatchPlan, Collate, batches, measure_aux_scale
-from eagle3.training.distributed import Dist, setup_distributed
+from eagle3.training.distributed import Dist, distribute, setup_distributed
 from eagle3.training.launch import launch, launcher_command
 from eagle3.training.log import Window, open_log
 from eagle3.training.objective import (
@@ -143,8 +143,9 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
         if world.main:
             step(f"train: all {total} steps already done ({checkpoint.name})")
         return
-    # On the device before the optimizer state is loaded, which then lands beside its parameters.
+    # On the device and sharded before the optimizer is made on its parameters and their state is loaded.
     objective = make_objective(draft, verifier, vocab["d2t"], vocab["t2d"], config, precision).to(world.device)
+    model = distribute(objective, world, config.sharding)
     optimizer = make_optimizer(draft, config)
     start = 0
     if checkpoint is not None:
@@ -155,12 +156,6 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
         draft.aux_scale.copy_(measure_aux_scale(dataset, len(draft_config.aux_layer_ids)))
     plan.start = start
 
-    model: nn.Module = objective
-    if world.size > 1:
-        # Buffers (the verifier's head rows, aux_scale) are identical on every rank by construction: no broadcast.
-        model = nn.parallel.DistributedDataParallel(
-            objective, broadcast_buffers=False, device_ids=[world.device.index] if world.device.type == "cuda" else None
-        )
     workers = data_workers(config, world)
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -192,14 +187,15 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
                 if live is not None:
                     window.log(live, done, lr)
             if done % config.checkpoint_every == 0 or done == total:
+                saved = save_checkpoint(
+                    out,
+                    draft,
+                    optimizer,
+                    {"step": done, "total_steps": total, "run_key": key, "draft_config": draft_config.to_json()},
+                    config.keep_checkpoints,
+                    write=world.main,
+                )
                 if world.main:
-                    saved = save_checkpoint(
-                        out,
-                        draft,
-                        optimizer,
-                        {"step": done, "total_steps": total, "run_key": key, "draft_config": draft_config.to_json()},
-                        config.keep_checkpoints,
-                    )
                     log.made(saved.name)
                 world.barrier()
             bar.advance(task)

@@ -6,7 +6,8 @@ whether to extract the hidden states here and ship them (A) or ship the text and
 (C) is estimated for comparison only: this pipeline does not implement it, so it is never recommended.
 
 Not a DVC stage: it reads CLI flags (eagle3/tools/plan_cli.py) and, where present, the extract stage's metrics.
-Every number comes from one of the formulas below; README.md ("Planning the hero run") walks through the seed case.
+Every number comes from one of the formulas below (the training memory's: eagle3/tools/plan_memory.py); README.md
+("Planning the hero run") walks through the seed case.
 Each section below is a function here building a frozen dataclass whose fields are the plan's JSON keys (to_json in
 eagle3/tools/plan_types.py, with the fixed facts and the inputs' types).
 
@@ -68,6 +69,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from functools import partial
 
+from eagle3.tools.plan_memory import TrainMemory, compute_train_memory
 from eagle3.tools.plan_types import (
     CACHE_LINKS,
     GB,
@@ -427,6 +429,7 @@ class Plan:
     recommendation: str | None
     break_even_a_vs_b: BreakEven
     storage_options: list[StorageOption]
+    train_memory: TrainMemory
 
 
 def compute(inputs: Inputs) -> Plan:
@@ -445,4 +448,5 @@ def compute(inputs: Inputs) -> Plan:
         storage_options=[
             compute_storage_option(inputs, rates, storage, ratio) for storage, ratio in inputs.storage_ratios.items()
         ],
+        train_memory=compute_train_memory(inputs.train_memory, inputs.max_tokens, inputs.there),
     )

@@ -102,6 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     training.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary (default 32000)")
     training.add_argument(
+        "--ttt-steps", type=int, default=7, help="train.ttt_steps, for the training memory (default 7, SpecForge's)"
+    )
+    training.add_argument(
+        "--sharding",
+        choices=["ddp", "fsdp"],
+        default="ddp",
+        help="train.sharding, for the training memory per GPU (default ddp)",
+    )
+    training.add_argument(
         "--keep-checkpoints", type=int, default=3, help="resumable checkpoints kept on disk (default 3)"
     )
     training.add_argument(
@@ -260,6 +269,8 @@ def render(plan: Plan) -> None:
         table.add_row(*row)
     console.print(table)
 
+    _render_train_memory(console, plan)
+
     table = Table(title="Scenarios (rented time includes training)", title_justify="left")
     for column in ("", "scenario", "rented steps", "rented", "cost", "disk there", "disk here"):
         table.add_column(column, justify="right" if column in ("rented", "cost") else "left")
@@ -300,6 +311,26 @@ def render(plan: Plan) -> None:
             f"break-even A vs B: {even.tokens:,.0f} tokens = {even.samples:,.0f} samples of this length "
             f"({size(even.raw_bytes)} raw, {size(even.stored_bytes)} stored); {even.meaning}"
         )
+
+
+def _render_train_memory(console, plan: Plan) -> None:
+    from rich.table import Table
+
+    memory, tokens = plan.train_memory, plan.inputs.max_tokens
+    gpu = GPUS[memory.gpu]
+    if memory.settings is None:
+        console.print(f"training memory per GPU: {memory.source}")
+        return
+    table = Table(
+        title=f"Training memory per {gpu.name} ({gpu.memory_gb:g} GB; {memory.source})",
+        title_justify="left",
+    )
+    for column in ("train.activation_checkpointing", f"at {tokens:,} tokens", "fits", "longest sample"):
+        table.add_column(column, justify="left" if column.startswith("train") else "right")
+    for name, setting in memory.settings.items():
+        fits = "yes" if setting.fits else "no"
+        table.add_row(name, size(setting.at_max_tokens_bytes), fits, f"{setting.longest_tokens:,} tokens")
+    console.print(table)
 
 
 def main(args: argparse.Namespace) -> None:

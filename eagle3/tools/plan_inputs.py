@@ -14,6 +14,7 @@ from typing import Any
 from eagle3.errors import Eagle3Error
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.paths import PROVENANCE
+from eagle3.tools.plan_memory import TrainMemory, compute_train_memory, estimate, memory_warning
 from eagle3.tools.plan_types import (
     CACHE_LINKS,
     GB,
@@ -106,7 +107,8 @@ def _check_gpu(flag: str, name: str) -> None:
 POSITIVE = (
     "samples mean_tokens max_tokens layers bytes_per_element link_gbit link_efficiency weights_link_gbit "
     "extract_tokens_per_s gpus gpu_tflops mfu here_gpus here_share here_tokens_per_s train_tokens_per_s epochs "
-    "draft_vocab keep_checkpoints disk_tb here_disk_tb compression_ratio active_params weights_gb probe_mb jobs"
+    "draft_vocab keep_checkpoints disk_tb here_disk_tb compression_ratio active_params weights_gb probe_mb jobs "
+    "ttt_steps"
 ).split()
 
 
@@ -293,27 +295,11 @@ def probe_link(args: argparse.Namespace, root: Path) -> Link:
     )
 
 
-def _long_sample_warning(max_tokens: int, there: Machine) -> str | None:
-    # The quadratic trainer's measured limit, scaled by memory as its T x T attention was: the linear-memory one
-    # (eagle3/modeling/attention.py) has not been measured on a GPU yet, so a longer sample is flagged, not refused.
-    measured_gpu = GPUS[TRAIN_MEASURED.gpu]
-    fitting = int(TRAIN_MEASURED.longest_fitting_tokens * math.sqrt(there.memory_gb / measured_gpu.memory_gb))
-    if max_tokens <= fitting:
-        return None
-    return (
-        f"samples of {max_tokens:,} tokens: training memory is now linear in length but not yet measured on a "
-        f"GPU; the quadratic trainer before it fitted at most {TRAIN_MEASURED.longest_fitting_tokens:,} tokens x "
-        f"{TRAIN_MEASURED.ttt_steps} TTT steps in an {measured_gpu.name}'s {measured_gpu.memory_gb:g} GB "
-        f"(~{fitting:,} in {there.memory_gb:g} GB). Run `python benchmarks/train_gpu.py --tokens {max_tokens}` "
-        "on one GPU of the rented kind before booking (train.activation_checkpointing and "
-        "train.max_tokens_per_batch bound the memory)"
-    )
-
-
 def collect_warnings(
     verifier: VerifierShape,
     measured: Measured,
     compression: CompressionRatio,
+    train_memory: TrainMemory,
     max_tokens: int,
     there: Machine,
     here: Machine,
@@ -327,7 +313,7 @@ def collect_warnings(
             f"{verifier.name}'s; split-byte zstd of bf16 states should carry over (README), but measure it on a few "
             "real samples and pass --compression-ratio"
         )
-    long_sample = _long_sample_warning(max_tokens, there)
+    long_sample = memory_warning(train_memory, max_tokens)
     if long_sample is not None:
         warnings.append(long_sample)
     for side, machine in (("here", here), ("there", there)):
@@ -355,6 +341,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     here_tokens_per_s, here_source = here_extraction_rate(args, measured, here)
     cache = check_cache_link(args, root)
     link = probe_link(args, root)
+    memory = estimate(verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding)
     there_price = f"${there.usd_per_gpu_hour:g}/GPU-hour" + (" (preset)" if args.gpu_usd_per_hour is None else "")
     extract_there = _derived_words(there, args.mfu) if args.extract_tokens_per_s is None else "--extract-tokens-per-s"
     sources = {
@@ -365,6 +352,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         "extract_there": extract_there,
         "extract_here": here_source,
         "train": _train_source(args, there),
+        "train_memory": memory.source,
         "cache_link": cache.source,
         "link": link.source,
     }
@@ -397,6 +385,16 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         budget_usd=checked.budget_usd,
         budget_hours=checked.budget_hours,
         link_measurement=link.measurement,
+        train_memory=memory,
         sources=sources,
-        warnings=collect_warnings(verifier, measured, compression, checked.max_tokens, there, here, cache),
+        warnings=collect_warnings(
+            verifier,
+            measured,
+            compression,
+            compute_train_memory(memory, checked.max_tokens, there),
+            checked.max_tokens,
+            there,
+            here,
+            cache,
+        ),
     )

@@ -63,12 +63,46 @@ class VerifierShape:
     total_params: float | None
     active_params: float | None
     weights_bytes: float | None
+    # The language model's config.json keys, from which the draft is shaped for the training-memory estimate.
+    config: dict[str, Any] = field(default_factory=dict, metadata=NOT_IN_JSON, compare=False)
 
+
+# Kimi-K2.5's language model (its config.json `text_config`) as far as shaping the draft reads it: MLA (it has
+# kv_lora_rank), so the draft gets 64 heads x 128 (eagle3/modeling/draft.py DraftConfig.from_verifier).
+KIMI_K2_5_TEXT_CONFIG = {
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "num_hidden_layers": 61,
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "rope_theta": 50000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "rope_type": "yarn",
+        "factor": 64.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+}
 
 PRESETS = {
     # Kimi-K2.5 (DeepSeek-V3 architecture): dense MLP width 18432; ~1.03T parameters, 32B active per token; the
     # published checkpoint (int4 routed experts) is ~600 GB.
-    "kimi-k2.5": VerifierShape("moonshotai/Kimi-K2.5", 7168, 61, 163840, 18432, 1.03e12, 32e9, 600 * GB),
+    "kimi-k2.5": VerifierShape(
+        "moonshotai/Kimi-K2.5", 7168, 61, 163840, 18432, 1.03e12, 32e9, 600 * GB, KIMI_K2_5_TEXT_CONFIG
+    ),
 }
 
 
@@ -96,12 +130,31 @@ class TrainMeasurement:
     tokens_per_s: float
     sample_tokens: int
     ttt_steps: int
-    longest_fitting_tokens: int
 
 
 # This project's draft trainer at Kimi-K2.5's shape on one GPU, bf16 autocast, fused AdamW, batch 1 (README "GPU
-# measurements"), measured before its attention became linear in T: longest_fitting_tokens is what fit then.
-TRAIN_MEASURED = TrainMeasurement("h200", 7134.0, 2048, 7, 4096)
+# measurements"), measured before its attention became linear in T (its memory: eagle3/tools/plan_memory.py).
+TRAIN_MEASURED = TrainMeasurement("h200", 7134.0, 2048, 7)
+
+
+@dataclass(frozen=True)
+class MemoryLine:
+    """Training memory per GPU at one train.activation_checkpointing setting: fixed + per_token * T bytes."""
+
+    fixed_bytes: float
+    bytes_per_token: float
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """eagle3/tools/plan_memory.py's lines per setting (None where the verifier's config cannot shape a draft:
+    `source` says why)."""
+
+    ttt_steps: int
+    processes: int
+    sharding: str
+    lines: dict[str, MemoryLine] | None
+    source: str
 
 
 @dataclass(frozen=True)
@@ -159,6 +212,7 @@ class Inputs:
     budget_usd: Budget | None
     budget_hours: Budget | None
     link_measurement: dict[str, Any] | None
+    train_memory: MemoryEstimate
     sources: dict[str, str]
     # The plan shows them at its top, before every figure, not among the inputs.
     warnings: list[str] = field(metadata=NOT_IN_JSON)

@@ -41,7 +41,7 @@ def verifier_shape(spec: str) -> VerifierShape:
     if weights is None:
         weights = float(sum(f.stat().st_size for f in path.parent.glob("*.safetensors"))) or None
     name = config.get("_name_or_path") or str(path.parent)
-    return VerifierShape(name, hidden, layers, vocab, intermediate, None, None, weights)
+    return VerifierShape(name, hidden, layers, vocab, intermediate, None, None, weights, text)
 
 
 def verifier_from_args(args: argparse.Namespace) -> VerifierShape:

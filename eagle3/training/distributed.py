@@ -1,8 +1,15 @@
-"""One process or many (torchrun): which rank this is, its device, and the collectives training needs.
+"""One process or many (torchrun): which rank this is, its device, the collectives training needs, and how the
+draft is spread over the processes (train.sharding).
 
 Under torchrun each process trains on its own device (NCCL between CUDA devices, gloo between CPU
 processes); alone, a process takes the first CUDA device if there is one. Reductions run on tensors on the
 process's device, which is what NCCL requires.
+
+ddp: every process holds the whole draft, its gradients and AdamW state, and DDP all-reduces the gradients.
+fsdp: PyTorch's FSDP2 (`fully_shard`) on the objective as one unit: each process holds a 1/N slice of every
+parameter (DTensors) and of its AdamW state, the parameters are gathered whole for the step (the objective's
+forward and backward) and the gradients reduce-scattered back into slices. Both average the gradients, which
+the objective's loss scaling expects; checkpoints gather the slices (eagle3/formats/checkpoints.py).
 """
 
 import os
@@ -10,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
 @dataclass
@@ -51,3 +59,20 @@ def setup_distributed() -> Dist:
         return Dist(rank, size, torch.device("cuda", local), local_size)
     dist.init_process_group("gloo")
     return Dist(rank, size, torch.device("cpu"), local_size)
+
+
+def distribute(objective: nn.Module, world: Dist, sharding: str) -> nn.Module:
+    """What train_step runs: `objective` alone on one process; on several, wrapped in DDP, or under fsdp the
+    objective itself with its parameters sharded in place (make the optimizer after this)."""
+    if world.size == 1:
+        return objective
+    if sharding == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(objective, mesh=init_device_mesh(world.device.type, (world.size,)))
+        return objective
+    # Buffers (the verifier's head rows, aux_scale) are identical on every rank by construction: no broadcast.
+    return nn.parallel.DistributedDataParallel(
+        objective, broadcast_buffers=False, device_ids=[world.device.index] if world.device.type == "cuda" else None
+    )

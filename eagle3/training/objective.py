@@ -6,14 +6,21 @@ cross-entropy against the verifier's own next-token distribution there, softmax(
 restricted to the draft vocab, weighted step_weight**i. A position counts when the token it predicts is an
 assistant token (loss mask) the draft vocab can express. Each step's loss is averaged over the positions that
 count in the whole global batch, so 1 and N processes compute the same loss.
+
+The verifier's pieces (embedding, head rows of the draft vocab) are buffers, not frozen parameters: nothing
+shards, synchronises or optimises them, under DDP and FSDP alike (eagle3/training/distributed.py).
 """
 
 import math
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from eagle3.formats.vocab import draft_to_target
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
@@ -24,9 +31,20 @@ from eagle3.training.distributed import Dist
 from eagle3.training.soft_cross_entropy import soft_cross_entropy
 
 
+class FrozenEmbedding(nn.Module):
+    """The verifier's token embedding, held as a buffer."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
 class Objective(nn.Module):
-    """Draft + the frozen verifier pieces the loss needs; one forward = one training-time-test unroll, so DDP sees
-    a single forward per step."""
+    """Draft + the frozen verifier pieces the loss needs; one forward = one training-time-test unroll, so DDP and
+    FSDP see a single forward per step."""
 
     def __init__(
         self,
@@ -37,11 +55,11 @@ class Objective(nn.Module):
         t2d: torch.Tensor,
         steps: int,
         step_weight: float,
-        recompute: bool = False,
+        recompute: str = "off",
     ):
         super().__init__()
         self.draft = draft
-        self.embed = nn.Embedding.from_pretrained(embed, freeze=True)
+        self.embed = FrozenEmbedding(embed)
         self.register_buffer("target_head", draft_lm_head, persistent=False)
         self.register_buffer("t2d", t2d, persistent=False)
         self.steps, self.weights = steps, [step_weight**i for i in range(steps)]
@@ -69,25 +87,31 @@ class Objective(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (loss to backpropagate, per-step loss sums, per-step correct counts) for this process's slice."""
         features = self.draft.unroll(batch["input_ids"], batch["aux"], self.embed, self.steps, self.recompute)
-        loss = torch.zeros((), device=probs.device)
-        sums, correct = [], []
         tokens = probs.shape[1]
-        flat_probs, flat_top1 = probs.view(-1, probs.shape[-1]), top1.view(-1)
+        # Only positions that count go through norm + lm_head: the vocabulary projection is the costliest part.
+        counted, rows, sizes = [], [], []
         for i, (step_features, mask) in enumerate(zip(features, masks, strict=True)):
-            # Only positions that count go through norm + lm_head: the vocabulary projection is the costliest part.
             sequence, position = mask.nonzero(as_tuple=True)
-            step_sum, step_correct = soft_cross_entropy(
-                self.draft.norm(step_features[sequence, position]),
-                self.draft.lm_head.weight,
-                flat_probs,
-                sequence * tokens + position + verifier_offset(i),
-                flat_top1,
-            )
-            sums.append(step_sum.detach())
-            correct.append(step_correct)
-            loss = loss + self.weights[i] * step_sum / global_counts[i].clamp(min=1)
-        # DDP averages gradients over processes; the global normalisation above wants their sum.
-        return loss * world, torch.stack(sums), torch.stack(correct)
+            counted.append(step_features[sequence, position])
+            rows.append(sequence * tokens + position + verifier_offset(i))
+            sizes.append(len(sequence))
+        selected = torch.cat(counted)
+        del counted  # the same rows as `selected`: freed before the soft cross-entropy runs
+        weighted = zip(self.weights, global_counts, strict=True)
+        scales = torch.stack([weight / count.clamp(min=1) for weight, count in weighted])
+        loss, sums, correct = soft_cross_entropy(
+            selected,
+            self.draft.norm.weight,
+            self.draft.norm.eps,
+            self.draft.lm_head.weight,
+            probs.view(-1, probs.shape[-1]),
+            torch.cat(rows),
+            top1.view(-1),
+            sizes,
+            scales,
+        )
+        # DDP and FSDP average gradients over processes; the global normalisation above wants their sum.
+        return loss * world, sums, correct
 
 
 def init_draft(
@@ -150,6 +174,22 @@ def autocast(device: torch.device, precision: str) -> AbstractContextManager:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
 
 
+def clip_gradients(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_, the norm accumulated in fp64: it then comes out the same to the last fp32 bit
+    whether a process holds whole gradients or FSDP's slices of them (summed in another order), so fsdp trains
+    what ddp and one process train rather than drifting apart from them step by step. Returns the norm."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    squares = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in local]).square().sum()
+    if any(isinstance(g, DTensor) for g in grads):
+        dist.all_reduce(squares)  # each process holds a slice of every gradient
+    norm = squares.sqrt().float()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for grad in local:
+        grad.mul_(scale)
+    return norm
+
+
 @dataclass
 class StepResult:
     loss: torch.Tensor  # the objective as backpropagated (this process's share, x world size)
@@ -169,12 +209,13 @@ def train_step(
 ) -> StepResult:
     """One optimizer step on one batch (already on the device); `model` is `objective` or its DDP wrapper;
     `precision` resolved (training_precision)."""
+    # Before the forward, so the last step's gradients are not kept beside this step's activations.
+    optimizer.zero_grad(set_to_none=True)
     probs, top1, masks = objective.targets(batch)
     counts = world.all_sum(torch.stack([m.sum() for m in masks]).float())
     with autocast(world.device, precision):
         loss, sums, correct = model(batch, probs, top1, masks, counts, world.size)
-    optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(objective.draft.parameters(), grad_clip)
+    clip_gradients(objective.draft.parameters(), grad_clip)
     optimizer.step()
     return StepResult(loss.detach(), sums, correct, counts)

@@ -1,0 +1,151 @@
+"""`eagle3 plan`'s training memory: what one GPU of the rented kind holds while training the draft, and the longest
+sample that trains there with each train.activation_checkpointing setting.
+
+The figures are eagle3/training/memory.py's estimate (the real training step run on fake tensors: bf16 autocast,
+fused AdamW, batch 1, the draft shaped from the verifier's config) for one of `gpus` processes under
+--sharding. It is linear in the sample's length, so two measured lengths give each setting's line:
+
+    memory(T)           = fixed + per_token * T                     (per GPU, each setting)
+    longest sample      = floor((memory_gb * 1e9 - fixed) / per_token)
+    fits                = memory(max_tokens) <= memory_gb * 1e9
+
+memory_gb is the preset's (NVIDIA's figure, about GiB): counted as 1e9 bytes, it leaves ~7% for the CUDA context
+and the caching allocator's slack. Estimating imports torch and transformers and runs six fake steps, so the lines
+are kept under $XDG_CACHE_HOME/eagle3 (~/.cache/eagle3), keyed by everything they depend on, this package's source
+included.
+"""
+
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import Eagle3Error
+from eagle3.files import write_json
+from eagle3.tools.plan_types import GB, GPUS, Machine, MemoryEstimate, MemoryLine, to_json
+
+RECOMPUTE = ("off", "mlp", "full")  # train.activation_checkpointing's values (eagle3/params/train.py)
+LENGTHS = (4096, 8192)
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class SettingMemory:
+    at_max_tokens_bytes: float
+    fits: bool
+    longest_tokens: int
+
+
+@dataclass(frozen=True)
+class TrainMemory:
+    gpu: str
+    memory_bytes: float
+    ttt_steps: int
+    processes: int
+    sharding: str
+    settings: dict[str, SettingMemory] | None
+    source: str
+
+
+def _cache_key(config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str) -> str:
+    source = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        source.update(path.read_bytes())
+    versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers")}
+    inputs = [config, draft_vocab, ttt_steps, processes, sharding, LENGTHS, versions, source.hexdigest()]
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle3" / "plan-train-memory"
+
+
+def _measure(
+    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str
+) -> dict[str, MemoryLine]:
+    from eagle3.training.memory import Estimator, draft_config_for
+
+    estimator = Estimator(draft_config_for(config, draft_vocab), ttt_steps)
+    lines = {}
+    for setting in RECOMPUTE:
+        short, long = (estimator.memory(tokens, setting, processes, sharding).total for tokens in LENGTHS)
+        per_token = (long - short) / (LENGTHS[1] - LENGTHS[0])
+        lines[setting] = MemoryLine(short - per_token * LENGTHS[0], per_token)
+    return lines
+
+
+def _cached(path: Path) -> dict[str, MemoryLine] | None:
+    """The lines kept at `path`, in the settings' order; None where there are none (or not what _measure makes)."""
+    try:
+        data = json.loads(path.read_text())
+        return {
+            name: MemoryLine(float(data[name]["fixed_bytes"]), float(data[name]["bytes_per_token"]))
+            for name in RECOMPUTE
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def estimate(config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str) -> MemoryEstimate:
+    """The lines, from the cache or measured (and cached)."""
+    words = (
+        f"eagle3/training/memory.py on fake tensors: {ttt_steps} TTT steps, bf16, batch 1, one of {processes} "
+        f"processes ({sharding})"
+    )
+    try:
+        path = _cache_dir() / f"{_cache_key(config, draft_vocab, ttt_steps, processes, sharding)}.json"
+        lines = _cached(path)
+        if lines is None:
+            lines = _measure(config, draft_vocab, ttt_steps, processes, sharding)
+            try:
+                write_json(path, to_json(lines))
+            except OSError:
+                pass  # a read-only cache only costs the next plan the measurement again
+    except Eagle3Error as exc:
+        return MemoryEstimate(ttt_steps, processes, sharding, None, f"not estimated: {exc}")
+    return MemoryEstimate(ttt_steps, processes, sharding, lines, words)
+
+
+def compute_train_memory(estimate_: MemoryEstimate, max_tokens: int, machine: Machine) -> TrainMemory:
+    """Per setting: the memory at max_tokens, whether it fits one GPU of `machine`, the longest sample that does."""
+    memory = machine.memory_gb * GB
+    settings = None
+    if estimate_.lines is not None:
+        settings = {}
+        for name, line in estimate_.lines.items():
+            at_max = line.fixed_bytes + line.bytes_per_token * max_tokens
+            longest = max(0, math.floor((memory - line.fixed_bytes) / line.bytes_per_token))
+            settings[name] = SettingMemory(at_max, at_max <= memory, longest)
+    return TrainMemory(
+        machine.gpu,
+        memory,
+        estimate_.ttt_steps,
+        estimate_.processes,
+        estimate_.sharding,
+        settings,
+        estimate_.source,
+    )
+
+
+def memory_warning(train: TrainMemory, max_tokens: int) -> str | None:
+    """What to set (or that nothing fits) when the longest sample does not train with recompute off."""
+    if train.settings is None or train.settings["off"].fits:
+        return None
+    gpu = GPUS[train.gpu]
+    need = {name: f"{setting.at_max_tokens_bytes / GB:,.0f} GB" for name, setting in train.settings.items()}
+    where = f"one {gpu.name} ({gpu.memory_gb:g} GB, {train.processes} x {train.sharding})"
+    fitting = [name for name in ("mlp", "full") if train.settings[name].fits]
+    if fitting:
+        return (
+            f"samples of {max_tokens:,} tokens need {need['off']} per GPU to train with "
+            f"train.activation_checkpointing: off, more than {where} holds; set it to {fitting[0]} "
+            f"({need[fitting[0]]}, estimated)"
+        )
+    return (
+        f"samples of {max_tokens:,} tokens do not train on {where} even with train.activation_checkpointing: full "
+        f"({need['full']}, estimated); the longest that does is {train.settings['full'].longest_tokens:,} tokens"
+    )

@@ -1,0 +1,101 @@
+"""The GPU-free training-memory estimate: against the live storage of the real step at a small shape, linear in the
+sample length, and at the hero run's shape within the issue's bounds."""
+
+import pytest
+
+from eagle3.params.train import TrainParams
+from eagle3.training.distributed import Dist
+from eagle3.training.memory import (
+    Estimator,
+    GiB,
+    PeakBytes,
+    draft_config_for,
+    make_objective_for,
+    sample_batch,
+)
+from eagle3.training.objective import make_optimizer, train_step
+
+SMALL = {
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 12,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "rope_theta": 10000.0,
+}
+# Kimi-K2.5's language model as far as the draft's shape reads it (benchmarks/train_memory.py has the whole one).
+KIMI = {
+    **SMALL,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "num_hidden_layers": 61,
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
+    "kv_lora_rank": 512,
+}
+TTT = 3
+
+
+def real_peak(tokens: int, recompute: str, precision: str) -> int:
+    """Live storage at the peak of the second real step, everything (model, AdamW state, batch) counted from its
+    allocation: a count that shares nothing with the estimator's bookkeeping."""
+    config = draft_config_for(SMALL, 300)
+    with PeakBytes() as meter:
+        objective = make_objective_for(config, TTT, recompute, precision)
+        optimizer = make_optimizer(objective.draft, TrainParams())
+        batch = sample_batch(config, 1, tokens, TTT)
+        for step in range(2):
+            if step == 1:
+                meter.peak = meter.live
+            train_step(objective, objective, optimizer, batch, Dist(), 1.0, precision)
+    return meter.peak
+
+
+@pytest.fixture(scope="module")
+def small():
+    return Estimator(draft_config_for(SMALL, 300), TTT)
+
+
+@pytest.mark.parametrize("recompute", ["off", "mlp", "full"])
+def test_estimate_is_the_real_peak_and_linear_in_tokens(small, recompute):
+    lengths = (256, 512, 1024)
+    estimates = [small.memory(tokens, recompute).total for tokens in lengths]
+    real = [real_peak(tokens, recompute, "bfloat16") for tokens in lengths]
+    for estimate, measured in zip(estimates, real, strict=True):
+        assert abs(estimate - measured) <= 0.02 * measured, (lengths, estimates, real)
+    # Linear: doubling from 512 adds twice what doubling from 256 did.
+    for values in (estimates, real):
+        first, second = values[1] - values[0], values[2] - values[1]
+        assert first > 0 and abs(second - 2 * first) <= 0.02 * second, values
+
+
+def test_recompute_settings_order_and_fsdp_divides_the_persistent_part(small):
+    off, mlp, full = (small.memory(1024, setting) for setting in ("off", "mlp", "full"))
+    assert full.step < mlp.step < off.step
+    assert off.persistent == mlp.persistent == full.persistent
+    batch, step = small.step_bytes(1024, "off")
+    single, ddp, fsdp = (small.split(1024, "off", batch, step, 8 if n else 1, n or "ddp") for n in ("", "ddp", "fsdp"))
+    # DDP keeps its own gradient copy on every process; FSDP holds an eighth of the weights and AdamW state (each
+    # tensor's first dimension rounded up to a multiple of 8) and gathers the whole weights for the step.
+    assert ddp.total == single.total + single.weights and ddp.gradient_buckets == single.weights
+    assert single.weights / 8 <= fsdp.weights < single.weights / 8 * 1.1
+    assert single.optimizer / 8 <= fsdp.optimizer < single.optimizer / 8 * 1.1
+    assert fsdp.gathered == single.weights and fsdp.frozen == single.frozen and fsdp.step == single.step
+
+
+def test_kimi_k2_5_at_16k_tokens_and_7_ttt_steps_fits_the_issue_bounds():
+    estimator = Estimator(draft_config_for(KIMI, 32000), 7)
+    config = estimator.config
+    assert (config.num_attention_heads, config.head_dim, config.intermediate_size) == (64, 128, 18432)
+    assert 1.18e9 < sum(p.numel() for p in estimator.parameters) < 1.2e9
+    totals = {setting: estimator.memory(16384, setting).total / GiB for setting in ("off", "mlp", "full")}
+    assert totals["mlp"] <= 72 and totals["off"] <= 72 and totals["full"] <= 40, totals
+    # The persistent part alone: fp32 weights, two AdamW moments, the bf16 embedding and head rows.
+    persistent = estimator.memory(16384, "full").persistent / GiB
+    assert 1.19e9 * 12 / GiB < persistent < 1.19e9 * 12 / GiB + 3, persistent
