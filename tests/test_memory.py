@@ -4,6 +4,7 @@ sample length, and at the hero run's shape within the issue's bounds."""
 import pytest
 
 from eagle3.params.train import TrainParams
+from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
 from eagle3.training.distributed import Dist
 from eagle3.training.memory import (
     Estimator,
@@ -26,18 +27,6 @@ SMALL = {
     "rms_norm_eps": 1e-5,
     "hidden_act": "silu",
     "rope_theta": 10000.0,
-}
-# Kimi-K2.5's language model as far as the draft's shape reads it (benchmarks/train_memory.py has the whole one).
-KIMI = {
-    **SMALL,
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 64,
-    "num_hidden_layers": 61,
-    "vocab_size": 163840,
-    "max_position_embeddings": 262144,
-    "kv_lora_rank": 512,
 }
 TTT = 3
 
@@ -90,7 +79,7 @@ def test_recompute_settings_order_and_fsdp_divides_the_persistent_part(small):
 
 
 def test_kimi_k2_5_at_16k_tokens_and_7_ttt_steps_fits_the_issue_bounds():
-    estimator = Estimator(draft_config_for(KIMI, 32000), 7)
+    estimator = Estimator(draft_config_for(KIMI_K2_5_TEXT_CONFIG, 32000), 7)
     config = estimator.config
     assert (config.num_attention_heads, config.head_dim, config.intermediate_size) == (64, 128, 18432)
     assert 1.18e9 < sum(p.numel() for p in estimator.parameters) < 1.2e9
