@@ -183,7 +183,8 @@ def _serve(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
 def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path):
     port, log = _free_port(), tmp_path / "serve.log"
     url = f"http://127.0.0.1:{port}/v1"
-    settings = _openai(url, concurrency=4, max_retries=40, backoff_s=0.5, max_backoff_s=3.0)
+    # Retries outlast the restart (~5 min of backoff): a loaded 2-core machine took over 2 min to bring vllm serve back.
+    settings = _openai(url, concurrency=4, max_retries=100, backoff_s=0.5, max_backoff_s=3.0)
     root = project(tmp_path / "project", verifier_project, _params(settings))
     server = _serve(root / "models/verifier", port, log)
     try:
