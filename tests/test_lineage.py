@@ -5,7 +5,8 @@ stage referencing a tiny HF directory outside the repository (as the 1T
 verifier is), the real `prepare` stage on a 12-row prompt file, and the real
 report stage. `export` and `evaluate` are stand-ins that write files in the
 formats the real stages write (config.json, metrics/eval.json), so the test
-does not train or run vLLM.
+does not train or run vLLM. (Longer than most modules: the project it builds serves every test of the
+report, and apart they would each build their own.)
 """
 
 import json

@@ -1,4 +1,5 @@
-"""`eagle3 plan` through the real CLI: every figure against a hand computation, and one error line per bad input."""
+"""`eagle3 plan` through the real CLI: every figure against a hand computation, and one error line per bad input.
+(Longer than most modules: one hand computation per section of the plan.)"""
 
 import json
 import subprocess

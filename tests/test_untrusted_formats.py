@@ -1,6 +1,7 @@
 """The other files the stages read from a remote (issue 33), made hostile here: synthetic parts, training
 checkpoints, the vocab file, extract's per-part records and data/hidden/index.json. Each is one Eagle3Error
-line naming the file and the field, never another exception; the bombs are refused before they are inflated."""
+line naming the file and the field, never another exception; the bombs are refused before they are inflated.
+(Longer than most modules: one hostile case per field of five formats.)"""
 
 import json
 import tracemalloc

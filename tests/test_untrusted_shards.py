@@ -3,7 +3,8 @@
 Each hostile shard is built here by re-sealing a valid one (the header's, each record's and the index's checksums
 recomputed), as a hostile or buggy writer would: what stops it is the validation, not the checksums. Memory is
 measured as the tracemalloc peak (Python objects, bytes and numpy arrays) plus the torch allocations' peak
-(tests/memory.py), both reset before each read.
+(eagle3/training/memory.py's PeakBytes), both reset before each read. (Longer than most modules: one crafted case
+per field a shard declares, each with its expected line.)
 """
 
 import json

@@ -11,6 +11,9 @@ Every number comes from one of the formulas below (the training memory's: eagle3
 Each section below is a function here building a frozen dataclass whose fields are the plan's JSON keys (to_json in
 eagle3/tools/plan_types.py, with the fixed facts and the inputs' types).
 
+(Longer than most modules on purpose: the docstring is the plan's specification and each function below is one of
+its sections; apart, a formula could change without its spec.)
+
 Units: 1 GB = 1e9 bytes, 1 TB = 1e12 bytes, 1 Gbit/s = 1e9 bit/s (as links and disks are sold).
 
 Sizes
