@@ -84,11 +84,11 @@ def _unrepeat(grad: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def _widen(tensor: torch.Tensor, channel: torch.Tensor | float, width: int) -> torch.Tensor:
-    """tensor [..., D] -> [..., width]: `channel` in column D, zeros after."""
-    wide = tensor.new_zeros(*tensor.shape[:-1], width)
-    wide[..., : tensor.shape[-1]] = tensor
-    wide[..., tensor.shape[-1]] = channel
-    return wide
+    """tensor [..., D] -> [..., width]: `channel` in column D, zeros after. (No slicing: on fake CUDA tensors,
+    which the CUDA branch's tests run on, Python indexing is unsupported and cat/narrow are not.)"""
+    rows = tensor.shape[:-1]
+    column = channel.unsqueeze(-1) if isinstance(channel, torch.Tensor) else tensor.new_full((*rows, 1), channel)
+    return torch.cat([tensor, column, tensor.new_zeros(*rows, width - tensor.shape[-1] - 1)], dim=-1)
 
 
 def _kernel_forward(q, k, v, scale):
@@ -104,7 +104,7 @@ def _kernel_forward(q, k, v, scale):
         return out, lse, "flash", (lse, cum_q, cum_k, rng_state, unused), (max_q, max_k)
     out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True, scale=scale)
     # The memory-efficient kernel pads its log-sum-exp along T; its backward wants it as returned.
-    return out, lse[..., : q.shape[2]], "efficient", (lse, seed, offset), ()
+    return out, lse.narrow(-1, 0, q.shape[2]), "efficient", (lse, seed, offset), ()
 
 
 def _kernel_backward(kind, grad_out, q, k, v, out, lse, tensors, numbers, scale):
@@ -159,4 +159,5 @@ class CausalAttentionWithLse(torch.autograd.Function):
             ctx.numbers,
             ctx.scale,
         )
-        return grad_q[..., :dim], _unrepeat(grad_k[..., :dim], groups), _unrepeat(grad_v[..., :dim], groups), None
+        grad_q, grad_k, grad_v = (grad.narrow(-1, 0, dim) for grad in (grad_q, grad_k, grad_v))
+        return grad_q, _unrepeat(grad_k, groups), _unrepeat(grad_v, groups), None
