@@ -1,5 +1,8 @@
 """`eagle3 plan`: disk, time and cost of the hero run before any money is spent.
 
+(Longer than most modules on purpose: the docstring is the plan's specification and each function below is one of
+its sections; apart, a formula could change without its spec.)
+
 Two machines: *here* (the user's own, which serves the verifier and generates the synthetic data) and *there* (the
 rented GPU machine that trains the draft), joined by a link. The plan answers: how much disk each needs, and
 whether to extract the hidden states here and ship them (A) or ship the text and extract there (B). Online training
@@ -10,9 +13,6 @@ Every number comes from one of the formulas below (the training memory's: eagle3
 ("Planning the hero run") walks through the seed case.
 Each section below is a function here building a frozen dataclass whose fields are the plan's JSON keys (to_json in
 eagle3/tools/plan_types.py, with the fixed facts and the inputs' types).
-
-(Longer than most modules on purpose: the docstring is the plan's specification and each function below is one of
-its sections; apart, a formula could change without its spec.)
 
 Units: 1 GB = 1e9 bytes, 1 TB = 1e12 bytes, 1 Gbit/s = 1e9 bit/s (as links and disks are sold).
 
