@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cli.add_arguments(
         commands.add_parser("plan", help="hero-run disk, time and cost: extract here and ship, or extract there")
     )
+    from eagle3.tools import preflight
+
+    preflight.add_arguments(
+        commands.add_parser("preflight", help="measure this machine before a run: training, extraction, serving, disk")
+    )
     return parser
 
 
@@ -74,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             from eagle3.tools import plan_cli
 
             plan_cli.main(args)
+        elif args.command == "preflight":  # not a stage: measures the machine, writes no pipeline output
+            from eagle3.tools import preflight
+
+            return preflight.main(args)
         else:
             from eagle3.config import load_params
 

