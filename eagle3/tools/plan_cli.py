@@ -92,7 +92,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     here.add_argument(
         "--here-usd-per-hour", type=float, default=0.0, help="cost of an hour of extraction here (default 0: owned)"
     )
-    here.add_argument("--here-disk-tb", type=float, default=3.0, help="its data volume, TB (default 3)")
+    here.add_argument(
+        "--here-disk-tb", type=float, help="its data volume, TB (default: --here-preflight's free space, else 3)"
+    )
+    measured = parser.add_argument_group("measured by `eagle3 preflight` (explicit flags above still win)")
+    measured.add_argument(
+        "--preflight",
+        type=Path,
+        metavar="FILE",
+        help="the rented machine's preflight report: its training and extraction rates, compression ratio, free disk",
+    )
+    measured.add_argument(
+        "--here-preflight", type=Path, metavar="FILE", help="this machine's preflight report: extraction rate, disk"
+    )
     training = parser.add_argument_group("training, disk layout and budget")
     training.add_argument("--epochs", type=int, default=4, help="epochs (default 4)")
     training.add_argument(

@@ -15,6 +15,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.paths import PROVENANCE
 from eagle3.tools.plan_memory import TrainMemory, compute_train_memory, estimate, memory_warning
+from eagle3.tools.plan_preflight import PreflightFigures, accelerator_warning, figures_from
 from eagle3.tools.plan_types import (
     CACHE_LINKS,
     GB,
@@ -27,8 +28,10 @@ from eagle3.tools.plan_types import (
     VerifierShape,
     weights_fit,
 )
-from eagle3.tools.plan_verifier import verifier_from_args
+from eagle3.tools.plan_verifier import require_parameter_count, verifier_from_args
 
+# This machine's data volume where neither --here-disk-tb nor --here-preflight says.
+HERE_DISK_TB = 3.0
 # How a ratio measured with one extract.storage becomes another's (eagle3/formats/storage.py).
 STORAGE_GAIN = {name: storage.gain_over_lossless for name, storage in STORAGES.items()}
 
@@ -164,13 +167,16 @@ class Measured:
         return self.verifier or "an unrecorded verifier"
 
 
-def read_measurements(args: argparse.Namespace, root: Path, verifier: VerifierShape) -> Measured:
-    """The metrics are needed for the ratio unless --compression-ratio is given, and read for the rate here as long
-    as they were measured on this verifier."""
+def read_measurements(
+    args: argparse.Namespace, root: Path, verifier: VerifierShape, ratio_elsewhere: bool = False
+) -> Measured:
+    """The metrics are needed for the ratio unless --compression-ratio (or a preflight: `ratio_elsewhere`) gives it,
+    and read for the rate here as long as they were measured on this verifier."""
     metrics_path = root / args.metrics
     measured_on = measured_verifier(root)
     same_verifier = measured_on == verifier.name
-    wanted = args.compression_ratio is None or (same_verifier and metrics_path.is_file())
+    given = args.compression_ratio is not None or ratio_elsewhere
+    wanted = not given or (same_verifier and metrics_path.is_file())
     return Measured(read_extract_metrics(metrics_path) if wanted else None, measured_on, same_verifier)
 
 
@@ -190,8 +196,15 @@ class CompressionRatio:
     measured_elsewhere: bool
 
 
-def compression_ratio(args: argparse.Namespace, measured: Measured) -> CompressionRatio:
-    """--compression-ratio, else the measured one rescaled from the storage it was measured with to --storage's."""
+def compression_ratio(
+    args: argparse.Namespace, measured: Measured, preflight: PreflightFigures | None = None
+) -> CompressionRatio:
+    """--compression-ratio, else a preflight's (measured with --storage's storage), else the extract metrics' one
+    rescaled from the storage it was measured with to --storage's."""
+    if args.compression_ratio is None and preflight is not None and preflight.compression_ratio is not None:
+        ratio, storage = preflight.compression_ratio, preflight.storage
+        source = preflight.sources["compression_ratio"]
+        return CompressionRatio(ratio, storage, source, storage_ratios(ratio, storage), False)
     metrics = measured.metrics
     # A metrics file older than extract.storage was written by the lossless codec.
     measured_storage = metrics.get("storage", DEFAULT_STORAGE) if metrics else None
@@ -211,12 +224,17 @@ def compression_ratio(args: argparse.Namespace, measured: Measured) -> Compressi
     return CompressionRatio(ratio, storage, source, storage_ratios(ratio, storage), not measured.same_verifier)
 
 
-def machines(args: argparse.Namespace) -> tuple[Machine, Machine]:
-    """The rented machine and this one, from their GPU presets and the flags that override them."""
+def machines(
+    args: argparse.Namespace, there_disk_tb: float | None, here_disk_tb: float | None
+) -> tuple[Machine, Machine]:
+    """The rented machine and this one, from their GPU presets and the flags that override them; the disks as
+    --disk-tb / --here-disk-tb, else as a preflight measured them, else unknown there and HERE_DISK_TB here."""
     gpu = GPUS[args.gpu]
     usd = gpu.usd_per_hour if args.gpu_usd_per_hour is None else args.gpu_usd_per_hour
-    there = Machine(args.gpu, args.gpus, args.gpu_tflops or gpu.bf16_tflops, usd, args.disk_tb)
-    here = Machine(args.here_gpu, args.here_gpus, GPUS[args.here_gpu].bf16_tflops, 0.0, args.here_disk_tb)
+    there_disk = args.disk_tb if args.disk_tb is not None else there_disk_tb
+    here_disk = args.here_disk_tb if args.here_disk_tb is not None else (here_disk_tb or HERE_DISK_TB)
+    there = Machine(args.gpu, args.gpus, args.gpu_tflops or gpu.bf16_tflops, usd, there_disk)
+    here = Machine(args.here_gpu, args.here_gpus, GPUS[args.here_gpu].bf16_tflops, 0.0, here_disk)
     return there, here
 
 
@@ -224,15 +242,26 @@ def _machine_words(machine: Machine) -> str:
     return f"{machine.gpus} x {GPUS[machine.gpu].name}: {machine.tflops:g} TFLOP/s, {machine.memory_gb:g} GB"
 
 
+def _disk_words(machine: Machine, flag: str, given: float | None, preflight: PreflightFigures) -> str:
+    if machine.disk_tb is None:
+        return ""
+    source = flag if given is not None else preflight.sources.get("disk", "default")
+    return f", disk {machine.disk_tb:,.3g} TB ({source})"
+
+
 def _derived_words(machine: Machine, mfu: float) -> str:
     return f"derived: {machine.gpus} GPUs x {machine.tflops:g} TFLOP/s x MFU {mfu:g}"
 
 
-def here_extraction_rate(args: argparse.Namespace, measured: Measured, here: Machine) -> tuple[float | None, str]:
-    """Extraction speed here and its source: --here-tokens-per-s, else the metrics' on this verifier; None: the plan
-    derives it from FLOP/s."""
+def here_extraction_rate(
+    args: argparse.Namespace, measured: Measured, here: Machine, preflight: PreflightFigures
+) -> tuple[float | None, str]:
+    """Extraction speed here and its source: --here-tokens-per-s, else --here-preflight's, else the metrics' on this
+    verifier; None: the plan derives it from FLOP/s."""
     if args.here_tokens_per_s is not None:
         return args.here_tokens_per_s, "--here-tokens-per-s"
+    if preflight.extract_tokens_per_s is not None:
+        return preflight.extract_tokens_per_s, preflight.sources["extract"]
     metrics = measured.metrics
     rate = (metrics.get("this_run") or {}).get("tokens_per_s") if measured.same_verifier and metrics else None
     if isinstance(rate, (int, float)) and rate > 0:
@@ -241,9 +270,11 @@ def here_extraction_rate(args: argparse.Namespace, measured: Measured, here: Mac
     return None, f"{_derived_words(here, args.mfu)} x share {args.here_share:g}{elsewhere}"
 
 
-def _train_source(args: argparse.Namespace, there: Machine) -> str:
+def _train_source(args: argparse.Namespace, there: Machine, preflight: PreflightFigures) -> str:
     if args.train_tokens_per_s is not None:
         return "--train-tokens-per-s per GPU"
+    if preflight.train_tokens_per_s_per_gpu is not None:
+        return f"{preflight.sources['train']}, per GPU x {there.gpus} GPUs"
     measured_gpu = GPUS[TRAIN_MEASURED.gpu]
     return (
         f"measured {TRAIN_MEASURED.tokens_per_s:,.0f} tokens/s on one {measured_gpu.name} "
@@ -331,27 +362,57 @@ def collect_warnings(
     return warnings
 
 
+def preflights(args: argparse.Namespace, verifier: VerifierShape) -> tuple[PreflightFigures, PreflightFigures]:
+    """What --preflight (the rented machine) and --here-preflight (this one) give, with their warnings."""
+    found = []
+    for flag, path, side, machine in (
+        ("--preflight", args.preflight, "there", (args.gpus, GPUS[args.gpu].name)),
+        ("--here-preflight", args.here_preflight, "here", (args.here_gpus, GPUS[args.here_gpu].name)),
+    ):
+        if path is None:
+            found.append(PreflightFigures())
+            continue
+        figures = figures_from(
+            path, flag, side, verifier, args.verifier, args.storage, args.draft_vocab, args.ttt_steps
+        )
+        warning = accelerator_warning(flag, path, *machine)
+        if warning:
+            figures.warnings.append(warning)
+        found.append(figures)
+    return found[0], found[1]
+
+
 def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     """Every input, each from the first place that has it, checked, with its source and the warnings."""
     checked = validate_args(args)
     verifier = verifier_from_args(args)
-    measured = read_measurements(args, root, verifier)
-    compression = compression_ratio(args, measured)
-    there, here = machines(args)
-    here_tokens_per_s, here_source = here_extraction_rate(args, measured, here)
+    there_preflight, here_preflight = preflights(args, verifier)
+    preflight_ratio = there_preflight if there_preflight.compression_ratio is not None else here_preflight
+    measured = read_measurements(args, root, verifier, preflight_ratio.compression_ratio is not None)
+    compression = compression_ratio(args, measured, preflight_ratio)
+    there, here = machines(args, there_preflight.disk_tb, here_preflight.disk_tb)
+    here_tokens_per_s, here_source = here_extraction_rate(args, measured, here, here_preflight)
+    there_measured = args.extract_tokens_per_s is not None or there_preflight.extract_tokens_per_s is not None
+    here_measured = args.here_tokens_per_s is not None or here_preflight.extract_tokens_per_s is not None
+    require_parameter_count(args, verifier, there_measured, here_measured)
     cache = check_cache_link(args, root)
     link = probe_link(args, root)
     memory = estimate(verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding)
     there_price = f"${there.usd_per_gpu_hour:g}/GPU-hour" + (" (preset)" if args.gpu_usd_per_hour is None else "")
-    extract_there = _derived_words(there, args.mfu) if args.extract_tokens_per_s is None else "--extract-tokens-per-s"
+    there_tokens_per_s = args.extract_tokens_per_s or there_preflight.extract_tokens_per_s
+    if args.extract_tokens_per_s is not None:
+        extract_there = "--extract-tokens-per-s"
+    else:
+        extract_there = there_preflight.sources.get("extract") or _derived_words(there, args.mfu)
     sources = {
         "verifier": args.verifier,
         "compression_ratio": compression.source,
-        "there": f"{_machine_words(there)}, {there_price}",
-        "here": _machine_words(here),
+        "there": f"{_machine_words(there)}, {there_price}"
+        + _disk_words(there, "--disk-tb", args.disk_tb, there_preflight),
+        "here": _machine_words(here) + _disk_words(here, "--here-disk-tb", args.here_disk_tb, here_preflight),
         "extract_there": extract_there,
         "extract_here": here_source,
-        "train": _train_source(args, there),
+        "train": _train_source(args, there, there_preflight),
         "train_memory": memory.source,
         "cache_link": cache.source,
         "link": link.source,
@@ -373,10 +434,10 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         here=here,
         here_share=args.here_share,
         mfu=args.mfu,
-        there_tokens_per_s=args.extract_tokens_per_s,
+        there_tokens_per_s=there_tokens_per_s,
         here_tokens_per_s=here_tokens_per_s,
         here_usd_per_hour=args.here_usd_per_hour,
-        train_tokens_per_s_per_gpu=args.train_tokens_per_s,
+        train_tokens_per_s_per_gpu=args.train_tokens_per_s or there_preflight.train_tokens_per_s_per_gpu,
         epochs=args.epochs,
         draft_vocab=args.draft_vocab,
         keep_checkpoints=args.keep_checkpoints,
@@ -387,7 +448,9 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         link_measurement=link.measurement,
         train_memory=memory,
         sources=sources,
-        warnings=collect_warnings(
+        warnings=there_preflight.warnings
+        + here_preflight.warnings
+        + collect_warnings(
             verifier,
             measured,
             compression,

@@ -56,10 +56,13 @@ def verifier_from_args(args: argparse.Namespace) -> VerifierShape:
             f"verifier {args.verifier!r}: weights size unknown (no safetensors beside its config.json): pass "
             "--weights-gb"
         )
-    derives_extraction = args.extract_tokens_per_s is None or args.here_tokens_per_s is None
-    if derives_extraction and verifier.active_params is None:
+    return verifier
+
+
+def require_parameter_count(args: argparse.Namespace, verifier: VerifierShape, there: bool, here: bool) -> None:
+    """Extraction speeds not measured (`there`/`here`: given or measured) are derived from FLOP/s per parameter."""
+    if (not there or not here) and verifier.active_params is None:
         raise Eagle3Error(
             f"verifier {args.verifier!r} has no parameter count: pass --active-params to derive extraction speeds "
-            "from GPU FLOP/s, or --extract-tokens-per-s and --here-tokens-per-s"
+            "from GPU FLOP/s, or --extract-tokens-per-s and --here-tokens-per-s (or preflight reports)"
         )
-    return verifier

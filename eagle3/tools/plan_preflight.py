@@ -1,0 +1,150 @@
+"""`eagle3 plan --preflight FILE` / `--here-preflight FILE`: what `eagle3 preflight` measured on a machine
+(eagle3/tools/preflight.py's JSON) in place of the plan's derived figures.
+
+From the rented machine's file (`there`): the training rate per GPU, the extraction rate, the compression ratio and
+the free disk; from this machine's (`here`): the extraction rate and the free disk. A flag given explicitly still
+wins. A figure measured for something else than the plan describes is refused, with one warning line saying why:
+another verifier (every rate and the ratio), another draft shape or TTT depth (the training rate), another
+extract.storage (the ratio). A file that is not a preflight report is one error line.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import Eagle3Error
+from eagle3.hashing import sha256_file
+from eagle3.tools.plan_types import VerifierShape
+
+TB = 1e12
+
+
+@dataclass
+class PreflightFigures:
+    """The figures one file gives the plan (None: not measured there, or refused), each with its source words."""
+
+    train_tokens_per_s_per_gpu: float | None = None
+    extract_tokens_per_s: float | None = None
+    compression_ratio: float | None = None
+    disk_tb: float | None = None
+    # extract.storage the compression ratio was measured with
+    storage: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_report(path: Path, flag: str) -> dict[str, Any]:
+    from eagle3.tools.preflight import FORMAT_VERSION
+
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if report.get("format_version") != FORMAT_VERSION or not isinstance(report.get("items"), dict):
+            raise ValueError(f"format_version {report.get('format_version')!r}, items missing")
+    except FileNotFoundError:
+        raise Eagle3Error(f"{flag} {path}: not found; run `eagle3 preflight` on that machine, copy its file") from None
+    except (OSError, ValueError, AttributeError) as exc:
+        raise Eagle3Error(f"{flag} {path}: not an eagle3 preflight report ({exc}); rerun `eagle3 preflight`") from None
+    return report
+
+
+def _ready(report: dict[str, Any], item: str) -> dict[str, Any] | None:
+    entry = report["items"].get(item) or {}
+    return entry.get("figures") if entry.get("status") == "ready" else None
+
+
+def _draft_mismatch(identity: dict[str, Any], verifier: VerifierShape, draft_vocab: int, ttt_steps: int) -> str | None:
+    draft = identity.get("draft") or {}
+    wanted = {
+        "hidden_size": verifier.hidden_size,
+        "vocab_size": verifier.vocab_size,
+        "draft_vocab_size": draft_vocab,
+    }
+    for key, value in wanted.items():
+        if draft.get(key) != value:
+            return f"its draft has {key} {draft.get(key)}, the plan's {value}"
+    if identity.get("ttt_steps") != ttt_steps:
+        return f"it trained {identity.get('ttt_steps')} TTT steps, the plan {ttt_steps} (--ttt-steps)"
+    return None
+
+
+def same_verifier(identity: dict[str, Any], verifier: VerifierShape, verifier_spec: str) -> bool:
+    """The report's verifier is the plan's: the same name, or the same config.json bytes where --verifier names a
+    file or directory (a local directory's config rarely carries the Hub name the verifier stage records)."""
+    recorded = identity.get("verifier") or {}
+    if recorded.get("name") == verifier.name:
+        return True
+    config = Path(verifier_spec)
+    config = config / "config.json" if config.is_dir() else config
+    return config.is_file() and recorded.get("config_sha256") == sha256_file(config)
+
+
+def figures_from(
+    path: Path,
+    flag: str,
+    side: str,
+    verifier: VerifierShape,
+    verifier_spec: str,
+    storage: str | None,
+    draft_vocab: int,
+    ttt_steps: int,
+) -> PreflightFigures:
+    """What the report at `path` gives the plan's machine `side` ("there" or "here"); `storage`: --storage (None:
+    the report's own is taken)."""
+    report = read_report(path, flag)
+    identity = report.get("identity") or {}
+    where = f"measured by preflight on {report.get('machine') or 'an unnamed machine'}, {report.get('made', '?')}"
+    figures = PreflightFigures()
+    data_path = _ready(report, "data_path") or {}
+    free = data_path.get("free_bytes")
+    if isinstance(free, (int, float)) and free > 0:
+        figures.disk_tb = free / TB
+        figures.sources["disk"] = f"free space at data/hidden, {where}"
+    measured_on = (identity.get("verifier") or {}).get("name")
+    if not same_verifier(identity, verifier, verifier_spec):
+        figures.warnings.append(
+            f"{flag} {path}: rates and compression ratio not used: measured with verifier {measured_on!r}, the plan "
+            f"is for {verifier.name!r}"
+        )
+        return figures
+    extraction = _ready(report, "extraction") or {}
+    if extraction.get("tokens_per_s"):
+        figures.extract_tokens_per_s = float(extraction["tokens_per_s"])
+        tp = extraction.get("tensor_parallel_size")
+        figures.sources["extract"] = f"{where}: extract.backend {extraction.get('backend')}" + (
+            f", tensor parallel {tp}" if tp else ""
+        )
+    if extraction.get("compression_ratio"):
+        if storage is not None and extraction.get("storage") != storage:
+            figures.warnings.append(
+                f"{flag} {path}: compression ratio not used: measured with storage {extraction.get('storage')}, "
+                f"the plan assumes {storage} (--storage)"
+            )
+        else:
+            figures.compression_ratio = float(extraction["compression_ratio"])
+            figures.storage = extraction.get("storage")
+            figures.sources["compression_ratio"] = f"{where}, storage {figures.storage}, real states of {verifier.name}"
+    training = _ready(report, "training") or {}
+    if side == "there" and training.get("tokens_per_s"):
+        mismatch = _draft_mismatch(identity, verifier, draft_vocab, ttt_steps)
+        if mismatch:
+            figures.warnings.append(f"{flag} {path}: training rate not used: {mismatch}")
+        else:
+            figures.train_tokens_per_s_per_gpu = float(training["tokens_per_s"])
+            figures.sources["train"] = (
+                f"{where}: one {training.get('device')} at {training.get('measured_tokens'):,}-token samples, "
+                f"{training.get('precision')}"
+            )
+    return figures
+
+
+def accelerator_warning(flag: str, path: Path, gpus_expected: int, preset_name: str) -> str | None:
+    """A warning where the report's machine has no GPUs while the plan's machine is `gpus_expected` x preset."""
+    report = read_report(path, flag)
+    count = ((report["items"].get("machine") or {}).get("figures") or {}).get("accelerator_count")
+    if count == 0 and gpus_expected > 0:
+        return (
+            f"{flag} {path} was measured on {report.get('machine')} (no GPUs), while the plan's machine is "
+            f"{gpus_expected} x {preset_name}: its figures describe that machine, not this one"
+        )
+    return None
