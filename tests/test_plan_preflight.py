@@ -1,0 +1,178 @@
+"""`eagle3 plan --preflight`: a rented machine's measured figures in the plan, against hand computation, and every
+figure measured for something else refused with its line. The report is written as `eagle3 preflight` writes it
+on an 8-GPU machine (tests/test_preflight.py checks the tool's own output on this one)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from test_plan import SEED, TEXT, TOKENS, _plan
+
+from conftest import eagle3
+
+RAW = TOKENS * 4 * 7168 * 2
+LINK = 5e9 * 0.8 / 8
+USD_PER_S = 8 * 5.0 / 3600
+MACHINE = "8 x NVIDIA B200, 224 cores, 2016 GiB RAM"
+
+
+def _report(
+    path: Path,
+    verifier: str = "moonshotai/Kimi-K2.5",
+    storage: str = "bf16-lossless",
+    draft_vocab: int = 32000,
+    ttt_steps: int = 7,
+    accelerators: int = 8,
+    training_status: str = "ready",
+) -> Path:
+    def item(figures: dict, status: str = "ready") -> dict:
+        return {"status": status, "verdict": "ready", "figures": figures, "how": {}, "seconds": 1.0}
+
+    report = {
+        "format_version": 1,
+        "made": "2026-12-02T07:00:00+00:00",
+        "machine": MACHINE,
+        "identity": {
+            "verifier": {"name": verifier, "config_sha256": "0" * 64},
+            "draft": {"hidden_size": 7168, "vocab_size": 163840, "draft_vocab_size": draft_vocab},
+            "storage": storage,
+            "ttt_steps": ttt_steps,
+            "sample_tokens": 16384,
+        },
+        "seconds": 612.0,
+        "items": {
+            "machine": item({"accelerator_count": accelerators}),
+            "training": item(
+                {"device": "cuda:0", "tokens_per_s": 9000.0, "measured_tokens": 16384, "precision": "bfloat16"},
+                training_status,
+            ),
+            "extraction": item(
+                {
+                    "backend": "vllm",
+                    "tensor_parallel_size": 8,
+                    "tokens_per_s": 80000.0,
+                    "compression_ratio": 1.5,
+                    "storage": storage,
+                }
+            ),
+            "data_path": item({"free_bytes": 5e12}),
+        },
+    }
+    path.write_text(json.dumps(report))
+    return path
+
+
+@pytest.fixture(autouse=True, scope="module")
+def train_memory_cache(tmp_path_factory):
+    """The training-memory estimate measured by the first plan, read by the later ones."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+def test_measured_figures_replace_the_derived_ones(tmp_path):
+    there = _report(tmp_path / "there.json")
+    plan = _plan(tmp_path, *SEED, "--preflight", str(there))
+    rates, inputs = plan["rates"], plan["inputs"]
+    assert rates["train_tokens_per_s"] == 8 * 9000  # per GPU as measured on one, x 8 GPUs
+    assert rates["extract_there_tokens_per_s"] == 80000
+    assert inputs["compression_ratio"] == 1.5 and plan["hidden_states"]["stored_bytes"] == pytest.approx(RAW / 1.5)
+    assert inputs["there"]["disk_tb"] == 5.0
+    sources = inputs["sources"]
+    measured = f"measured by preflight on {MACHINE}, 2026-12-02T07:00:00+00:00"
+    assert sources["train"].startswith(measured) and "16,384-token samples" in sources["train"]
+    assert sources["extract_there"] == f"{measured}: extract.backend vllm, tensor parallel 8"
+    assert sources["compression_ratio"].startswith(measured) and "bf16-lossless" in sources["compression_ratio"]
+    assert "disk 5 TB (free space at data/hidden, measured by preflight" in sources["there"]
+    b = plan["scenarios"]["B"]
+    train_s = 4 * TOKENS / (8 * 9000)
+    assert b["rented_steps_s"] == pytest.approx(
+        {"fetch_weights": 1200, "ship_text": TEXT / LINK, "extract": TOKENS / 80000, "train": train_s}
+    )
+    assert b["cost_usd"] == pytest.approx(b["rented_s"] * USD_PER_S)
+    # 5 TB free there: (5e12 / 1.2 - 600 GB of weights - checkpoints) / bytes per sample bounds scenario B.
+    assert b["disk"]["there"]["budget_tb"] == 5.0 and b["disk"]["there"]["fits"]
+    assert not plan["warnings"] or all("preflight" not in w for w in plan["warnings"])
+
+    # An explicit flag still wins over the measured figure.
+    explicit = _plan(tmp_path, *SEED, "--preflight", str(there), "--train-tokens-per-s", "5000", "--disk-tb", "2")
+    assert explicit["rates"]["train_tokens_per_s"] == 8 * 5000 and explicit["inputs"]["there"]["disk_tb"] == 2.0
+
+    # This machine's report gives the extraction rate here and its disk.
+    here = _report(tmp_path / "here.json")
+    both = _plan(tmp_path, *SEED, "--preflight", str(there), "--here-preflight", str(here))
+    assert both["rates"]["extract_here_tokens_per_s"] == 80000 and both["inputs"]["here"]["disk_tb"] == 5.0
+    assert both["scenarios"]["A"]["here_steps_s"] == pytest.approx({"extract_here": TOKENS / 80000})
+
+
+@pytest.mark.parametrize(
+    "report, refused, kept",
+    [
+        (
+            {"verifier": "org/other"},
+            "rates and compression ratio not used: measured with verifier 'org/other', the plan is for "
+            "'moonshotai/Kimi-K2.5'",
+            {"disk"},
+        ),
+        (
+            {"storage": "fp8-compact"},
+            "compression ratio not used: measured with storage fp8-compact, the plan assumes bf16-lossless (--storage)",
+            {"disk", "train", "extract"},
+        ),
+        (
+            {"draft_vocab": 16000},
+            "training rate not used: its draft has draft_vocab_size 16000, the plan's 32000",
+            {"disk", "extract", "ratio"},
+        ),
+        (
+            {"ttt_steps": 3},
+            "training rate not used: it trained 3 TTT steps, the plan 7 (--ttt-steps)",
+            {"disk", "extract", "ratio"},
+        ),
+    ],
+)
+def test_a_preflight_of_something_else_is_refused_for_those_figures(tmp_path, report, refused, kept):
+    path = _report(tmp_path / "there.json", **report)
+    plan = _plan(tmp_path, *SEED, "--preflight", str(path), "--storage", "bf16-lossless", "--compression-ratio", "1.4")
+    lines = [w for w in plan["warnings"] if "--preflight" in w]
+    assert lines == [f"--preflight {path}: {refused}"]
+    rates, inputs = plan["rates"], plan["inputs"]
+    assert (inputs["there"]["disk_tb"] == 5.0) == ("disk" in kept)
+    assert (rates["train_tokens_per_s"] == 72000) == ("train" in kept)
+    assert (rates["extract_there_tokens_per_s"] == 80000) == ("extract" in kept)
+    # --compression-ratio given: the plan uses it whatever the report says.
+    assert inputs["compression_ratio"] == 1.4
+    if "ratio" in kept:
+        without_flag = _plan(tmp_path, *SEED, "--preflight", str(path))
+        assert without_flag["inputs"]["compression_ratio"] == 1.5
+
+
+def test_a_report_from_a_machine_without_gpus_is_used_with_a_warning(tmp_path):
+    path = _report(tmp_path / "cpu.json", accelerators=0)
+    plan = _plan(tmp_path, *SEED, "--preflight", str(path))
+    assert plan["rates"]["train_tokens_per_s"] == 72000
+    assert any("(no GPUs), while the plan's machine is 8 x NVIDIA B200 SXM" in w for w in plan["warnings"])
+
+
+def test_a_training_item_that_did_not_pass_gives_no_rate(tmp_path):
+    path = _report(tmp_path / "there.json", training_status="fix")
+    plan = _plan(tmp_path, *SEED, "--preflight", str(path))
+    assert plan["rates"]["train_tokens_per_s"] == pytest.approx(8 * 7134 * 2250 / 989)  # the derived figure
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "not found; run `eagle3 preflight` on that machine"),
+        ("{not json", "not an eagle3 preflight report"),
+        (json.dumps({"format_version": 99, "items": {}}), "not an eagle3 preflight report (format_version 99"),
+    ],
+)
+def test_a_file_that_is_not_a_report_is_one_line(tmp_path, content, expected):
+    path = tmp_path / "report.json"
+    if content is not None:
+        path.write_text(content)
+    result = eagle3(tmp_path, "plan", *SEED, "--preflight", str(path), check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr
+    assert lines[0].startswith(f"eagle3 plan: error: --preflight {path}: ") and expected in lines[0]
