@@ -41,8 +41,6 @@ REPORTS_DIR = Path("reports")
 LINEAGE_JSON = REPORTS_DIR / "lineage.json"
 LINEAGE_MD = REPORTS_DIR / "lineage.md"
 MODEL_CARD = DRAFT_DIR / "README.md"
-# eagle3 preflight (a tool: no stage writes or reads it)
-PREFLIGHT_REPORT = REPORTS_DIR / "preflight.json"
 
 # metrics and plots (kept by git: `dvc metrics diff` / `dvc plots diff` across commits)
 METRICS_DIR = Path("metrics")

@@ -24,9 +24,11 @@ from typing import Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
-from eagle3.paths import PREFLIGHT_REPORT
+from eagle3.paths import REPORTS_DIR
 
 FORMAT_VERSION = 1
+# No stage writes or reads it (a tool's output; eagle3/paths.py holds the stages' paths, which are their deps).
+PREFLIGHT_REPORT = REPORTS_DIR / "preflight.json"
 GB = 1e9
 # Seconds each item may spend measuring (engine and model loading come on top where stated in its `how`).
 BUDGETS_S = {
