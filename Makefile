@@ -34,7 +34,7 @@ SSHD_PROBLEM = $(shell \
 # Stops make with the one line in $1, if any ($(call) expands its argument once, so each check runs once).
 stop-if = $(if $1,$(error $1))
 
-.PHONY: setup lock repro test lint system-packages clean-venv
+.PHONY: setup lock repro test gpu-check lint system-packages clean-venv
 
 setup: $(STAMP)
 
@@ -92,6 +92,15 @@ system-packages:
 
 test: system-packages lint
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest
+
+# Before the hero run, on the machine it will use: the CUDA-only tests, then `eagle3 preflight` on the smoke params
+# in a scratch project (its verifier stage fetches the embedded verifier), so nothing of this project is touched.
+GPU_CHECK_DIR := .eagle3/gpu-check
+gpu-check: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m gpu tests/test_gpu.py
+	mkdir -p $(GPU_CHECK_DIR) && cp tests/smoke/params.yaml $(GPU_CHECK_DIR)/params.yaml
+	cd $(GPU_CHECK_DIR) && { test -f models/verifier/provenance.json || $(CURDIR)/$(PY) -m eagle3.cli verifier; }
+	cd $(GPU_CHECK_DIR) && $(CURDIR)/$(PY) -m eagle3.cli preflight
 
 clean-venv:
 	rm -rf $(VENV)
