@@ -10,6 +10,7 @@ this cannot check: the kernels' numerics and runtime conditions (tests marked gp
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from eagle3.modeling.attention import CausalAttentionWithLse
 
@@ -58,3 +59,72 @@ def test_gradients_arrive_even_when_only_one_output_is_used():
         only_lse = CausalAttentionWithLse.backward(ctx, None, torch.empty_like(lse))
     for grads in (only_out, only_lse):
         assert [g.shape for g in grads[:3]] == [q.shape] * 3
+
+
+aten = torch.ops.aten
+# Per kernel pair: backward argument -> the forward result it must be, by the schemas' names (the forward's
+# output and inputs come back widened by the extra channel; everything else exactly as returned).
+SAVED = {
+    "flash": {
+        "logsumexp": "logsumexp",
+        "cum_seq_q": "cum_seq_q",
+        "cum_seq_k": "cum_seq_k",
+        "max_q": "max_q",
+        "max_k": "max_k",
+        "philox_seed": "rng_state",
+        "philox_offset": "unused",
+    },
+    "efficient": {"logsumexp": "log_sumexp", "philox_seed": "philox_seed", "philox_offset": "philox_offset"},
+}
+PAIRS = {
+    "flash": (
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_flash_attention_backward.default,
+    ),
+    "efficient": (
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_efficient_attention_backward.default,
+    ),
+}
+
+
+class KernelCalls(TorchDispatchMode):
+    """Each call of the attention kernels, its arguments and results by their schema names."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if any(func in pair for pair in PAIRS.values()):
+            bound = dict(zip((a.name for a in func._schema.arguments), args, strict=False)) | (kwargs or {})
+            results = result if isinstance(result, tuple) else (result,)
+            returned = dict(zip((r.name for r in func._schema.returns), results, strict=True))
+            self.calls[func] = (bound, returned)
+        return result
+
+
+@pytest.mark.parametrize("dtype, kernel", [(torch.bfloat16, "flash"), (torch.float32, "efficient")])
+def test_the_backward_gets_what_the_forward_returned_where_its_schema_names_it(dtype, kernel):
+    """The meta functions accept any tensor where a tensor goes: two of them swapped, or the log-sum-exp passed
+    narrowed, would still run there and be wrong on a GPU. Matched by the kernels' own argument names instead."""
+    forward_op, backward_op = PAIRS[kernel]
+    with FakeTensorMode(), KernelCalls() as recorded:
+        q = torch.empty(1, HEADS, 1000, DIM, device="cuda", dtype=dtype)
+        k = torch.empty(1, KV_HEADS, 1000, DIM, device="cuda", dtype=dtype)
+        ctx = SavedFor()
+        out, lse = CausalAttentionWithLse.forward(ctx, q, k, torch.empty_like(k), 0.125)
+        CausalAttentionWithLse.backward(ctx, torch.empty_like(out), torch.empty_like(lse))
+    (forward_args, forward_results), (backward_args, _) = recorded.calls[forward_op], recorded.calls[backward_op]
+    for argument, result in SAVED[kernel].items():
+        given, returned = backward_args[argument], forward_results[result]
+        same = given is returned if isinstance(returned, torch.Tensor) else given == returned
+        assert same, f"{argument} is not the forward's {result}"
+    width = -(-(DIM + 1) // 8) * 8
+    for argument, source in (("query", "query"), ("key", "key"), ("value", "value"), ("out", "output")):
+        expected = (forward_args | forward_results)[source]
+        widened = (*expected.shape[:-1], width)
+        assert (tuple(backward_args[argument].shape), backward_args[argument].dtype) == (widened, expected.dtype)
+    for same in ("dropout_p", "is_causal", "scale"):
+        assert backward_args[same] == forward_args[same], same
