@@ -90,8 +90,11 @@ lint: $(STAMP)
 system-packages:
 	$(call stop-if,$(SSHD_PROBLEM))
 
+# Two workers (pytest-xdist; tests/conftest.py says how files are shared out): the end-to-end tests wait on
+# subprocesses and servers often enough that two keep two cores busy. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: system-packages lint
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(TEST_WORKERS)
 
 # Before the hero run, on the machine it will use: the CUDA-only tests, then `eagle3 preflight` on the smoke params
 # in a scratch project (its verifier stage fetches the embedded verifier), so nothing of this project is touched.

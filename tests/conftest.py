@@ -14,6 +14,38 @@ SMOKE_PARAMS = REPO / "tests" / "smoke" / "params.yaml"
 PROJECT_FILES = ("dvc.yaml", "stages", "eagle3", "data/prompts", ".dvc/config", ".dvcignore")
 
 
+# `make test` runs the suite on pytest-xdist workers, each taking whole files. The files sharing the session's
+# regenerated and trained project (the fixtures below) go to one worker together, which builds it once; the
+# longest files start first, so that no long file starts last.
+SHARED_PROJECT_FILES = ("test_generate.py", "test_train.py", "test_preflight.py")
+LONGEST_FIRST = (
+    *SHARED_PROJECT_FILES,
+    "test_pipeline.py",
+    "test_kimi_pipeline.py",
+    "test_generate_openai.py",
+    "test_extract.py",
+    "test_lineage.py",
+    "test_sharding.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedProjectScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "shared-project" if Path(path).name in SHARED_PROJECT_FILES else path
+
+    return SharedProjectScheduling(config, log)
+
+
 def ran_stages(output: str, root: Path, expected: set[str]) -> None:
     """DVC ran exactly `expected` (its "Running stage" lines), each after every stage it depends on that also ran.
 

@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from safetensors import safe_open
 
@@ -74,7 +75,9 @@ def test_every_item_measured_on_a_real_project_and_nothing_in_it_changed(trained
     assert training["precision"] == resolve(params["train"].get("precision", "auto"), "cpu")
     assert training["tokens_per_s"] == pytest.approx(training["measured_tokens"] / training["step_seconds"], rel=1e-3)
     estimates = training["estimated_peak_bytes"]
-    assert estimates["off"] > estimates["mlp"] > estimates["full"] > 0 and training["peak_bytes"] > 0
+    assert estimates["off"] > estimates["mlp"] > estimates["full"] > 0
+    # The real step's live tensors against the same step on fake tensors: the estimate the plan relies on.
+    assert training["peak_bytes"] == pytest.approx(training["estimated_step_bytes"], rel=0.05)
 
     collectives = figures["collectives"]
     assert (collectives["backend"], collectives["processes"]) == ("gloo", 2)
@@ -169,7 +172,7 @@ def test_a_verifier_changed_since_its_stage_ran_is_named(verifier_project, tmp_p
 def test_a_disk_too_small_for_the_states_is_the_data_path_verdict(tmp_path, monkeypatch):
     from eagle3.config import load_params
     from eagle3.tools import preflight_machine
-    from eagle3.tools.preflight import Context, Fix, Item
+    from eagle3.tools.preflight_items import Context, Fix, Item
 
     root = make_project(tmp_path / "project")
     (root / "metrics").mkdir()
@@ -203,3 +206,48 @@ def test_bad_params_or_flags_are_one_line(tmp_path, args, expected):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert len(lines) == 1 and lines[0].startswith("eagle3 preflight: error: ") and expected in lines[0]
     assert not (root / "reports/preflight.json").exists()
+
+
+def test_a_verifier_moved_away_from_its_recorded_path_is_named(verifier_project, tmp_path):
+    root = make_project(tmp_path / "project")
+    provenance = json.loads((verifier_project / "models/verifier/provenance.json").read_text())
+    provenance["source"] = {"kind": "local", "path": str(tmp_path / "gone")}
+    (root / "models/verifier").mkdir(parents=True)
+    (root / "models/verifier/provenance.json").write_text(json.dumps(provenance))
+    out = tmp_path / "preflight.json"
+    items = _one_line_items(eagle3(root, "preflight", "--out", str(out), "--only", "verifier", check=False), out)
+    assert items["verifier"]["verdict"].startswith(f"verifier.source.path: {tmp_path / 'gone'} (as the verifier stage")
+
+
+@pytest.mark.slow
+def test_a_sample_too_long_for_the_device_gives_the_longest_per_setting_confirmed_by_real_steps(
+    verifier_project, tmp_path, monkeypatch
+):
+    from eagle3.config import load_params
+    from eagle3.tools import preflight_models
+    from eagle3.tools.preflight_items import Context, Fix, Item
+    from eagle3.training.memory import Estimator
+    from eagle3.training.objective import training_precision
+
+    params = load_params(verifier_project / "params.yaml")
+    context = Context(verifier_project, params, tmp_path)
+    preflight_models.ensure_verifier(context)
+    config, tokens = preflight_models.draft_config(context), params.extract.max_seq_len
+    estimator = Estimator(config, params.train.ttt_steps, training_precision(params.train, torch.device("cpu")))
+    # A device that holds the configured setting's step at half the configured length.
+    memory = estimator.memory(tokens // 2, params.train.activation_checkpointing).total
+    monkeypatch.setattr(preflight_models, "_device_memory", lambda device: (memory, "a test's device"))
+    item = Item("training")
+    with pytest.raises(Fix) as problem:
+        preflight_models.measure_training(context, item)
+    longest = item.figures["longest_sample_tokens"]
+    assert longest["off"] <= longest["mlp"] <= longest["full"]
+    for setting, length in longest.items():
+        # The longest that fits by the estimate, and 64 tokens more would not.
+        assert estimator.memory(length, setting).total <= memory * 1.001  # the line is linear to ~0.03%
+        assert estimator.memory(length + 64, setting).total > memory
+    configured = longest[params.train.activation_checkpointing]
+    assert abs(configured - tokens // 2) <= 2
+    assert item.figures["measured_tokens"] == configured and item.figures["tokens_per_s"] > 0
+    assert str(problem.value).endswith(f"tokens (estimated; {configured:,} confirmed by real steps)")
+    assert f"a {tokens:,}-token sample needs" in str(problem.value)

@@ -3,9 +3,10 @@
 A tool, not a DVC stage: it reads params.yaml and the verifier stage's output, writes one JSON file
 (`--out`, default reports/preflight.json, which no stage writes) and one screen of text, and touches no pipeline
 output (its scratch files live in a temporary directory). Each item measures one thing within its own time budget
-(`BUDGETS_S`; on an 8-GPU machine the README states what each costs there) and ends in a verdict: `ready`, `fix`
-(what to change, in one line), `failed` (the measurement itself broke: its one-line error) or `not available`
-(does not apply here, e.g. vLLM not installed). A failure in one item is reported and the others still run.
+(`BUDGETS_S` in eagle3/tools/preflight_items.py; on an 8-GPU machine the README states what each costs there)
+and ends in a verdict: `ready`, `fix` (what to change, in one line), `failed` (the measurement itself broke: its
+one-line error) or `not available` (does not apply here, e.g. vLLM not installed). A failure in one item is
+reported and the others still run.
 
 The measurements are eagle3/tools/preflight_machine.py's (the machine, precision, collectives, disk and shard
 decoding) and eagle3/tools/preflight_models.py's (the verifier, training, extraction and serving). `eagle3 plan
@@ -17,7 +18,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,77 +25,16 @@ from typing import Any
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.paths import REPORTS_DIR
+from eagle3.tools import preflight_machine as machine
+from eagle3.tools import preflight_models as models
+from eagle3.tools.preflight_items import GB, ITEMS, Context, Fix, Item, NotAvailable
 
 FORMAT_VERSION = 1
 # No stage writes or reads it (a tool's output; eagle3/paths.py holds the stages' paths, which are their deps).
 PREFLIGHT_REPORT = REPORTS_DIR / "preflight.json"
-GB = 1e9
-# Seconds each item may spend measuring (engine and model loading come on top where stated in its `how`).
-BUDGETS_S = {
-    "machine": 6.0,
-    "verifier": 20.0,
-    "training": 30.0,
-    "collectives": 20.0,
-    "extraction": 20.0,
-    "data_path": 20.0,
-    "serving": 10.0,
-}
-ITEMS = tuple(BUDGETS_S)
-
-
-class Fix(Exception):
-    """A condition the user has to change: the item's verdict, one line."""
-
-
-class NotAvailable(Exception):
-    """The item does not apply on this machine (one line saying why)."""
-
-
-@dataclass
-class Item:
-    name: str
-    status: str = "ready"  # ready | fix | failed | not available
-    verdict: str = "ready"
-    figures: dict[str, Any] = field(default_factory=dict)
-    how: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "verdict": self.verdict,
-            "figures": self.figures,
-            "how": self.how,
-            "seconds": round(self.seconds, 2),
-        }
-
-
-@dataclass
-class Context:
-    """What the items share: the project, its params, a scratch directory, and what earlier items measured."""
-
-    root: Path
-    params: Any  # eagle3.config.Params
-    scratch: Path
-    budget_scale: float = 1.0
-    results: dict[str, Item] = field(default_factory=dict)
-    # Real states the extraction item captured, encoded as extract.storage stores them (the data path decodes them).
-    encoded_samples: list[tuple[bytes, int]] = field(default_factory=list)
-    provenance: Any = None
-    model_dir: Path | None = None
-
-    def budget(self, item: str) -> float:
-        return BUDGETS_S[item] * self.budget_scale
-
-    def figure(self, item: str, name: str) -> Any:
-        result = self.results.get(item)
-        return result.figures.get(name) if result else None
 
 
 def _measurements() -> dict[str, Callable[[Context, Item], None]]:
-    from eagle3.tools import preflight_machine as machine
-    from eagle3.tools import preflight_models as models
-
     return {
         "machine": machine.measure_machine,
         "verifier": models.check_verifier,

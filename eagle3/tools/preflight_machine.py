@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3.tools.preflight import GB, Context, Fix, Item
+from eagle3.tools.preflight_items import GB, Context, Fix, Item
 
 MATMUL_SIZE = 1024
 

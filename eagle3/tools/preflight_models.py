@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from eagle3.errors import Eagle3Error
-from eagle3.tools.preflight import GB, Context, Fix, Item, NotAvailable
+from eagle3.tools.preflight_items import GB, Context, Fix, Item, NotAvailable
 
 # What the extraction item captures where the project has no regenerated conversations yet: real states of the
 # verifier for ordinary chat text (the compression ratio depends on the verifier's states, little on the words).
@@ -109,19 +109,14 @@ def _device_memory(device) -> tuple[int | None, str]:
     return _ram_bytes(), "this machine's RAM"
 
 
-def _rss_high_water() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _steps(context: Context, config, tokens: int, recompute: str, precision: str, device) -> tuple[list[float], int]:
     """Real train_step calls at batch 1 x `tokens`: the seconds of each (the first pays for warm-up) and the peak
-    bytes the steps allocated on top of what existed before them."""
+    bytes a step allocates on top of what exists before it (CUDA: the allocator's peak over the timed steps; CPU:
+    the live tensor storage of one more, untimed step, counted as eagle3/training/memory.py counts it)."""
     import torch
 
     from eagle3.training.distributed import Dist
-    from eagle3.training.memory import make_objective_for, sample_batch
+    from eagle3.training.memory import PeakBytes, make_objective_for, sample_batch
     from eagle3.training.objective import make_optimizer, train_step
 
     params = context.params.train
@@ -132,7 +127,7 @@ def _steps(context: Context, config, tokens: int, recompute: str, precision: str
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else _rss_high_water()
+        before = torch.cuda.memory_allocated(device)
     times: list[float] = []
     deadline = time.perf_counter() + context.budget("training")
     while len(times) < TRAINING_STEPS and (len(times) < 2 or time.perf_counter() < deadline):
@@ -140,8 +135,14 @@ def _steps(context: Context, config, tokens: int, recompute: str, precision: str
         train_step(objective, objective, optimizer, batch, world, params.grad_clip, precision)
         sync()
         times.append(time.perf_counter() - started)
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else _rss_high_water()
-    return times, peak - before
+    if device.type == "cuda":
+        return times, torch.cuda.max_memory_allocated(device) - before
+    optimizer.zero_grad(set_to_none=True)  # what train_step does first: the last gradients are not the step's
+    states = [t for state in optimizer.state.values() for t in state.values()]
+    existing = [*objective.parameters(), *objective.buffers(), *states, *batch.values()]
+    with PeakBytes(existing) as meter:
+        train_step(objective, objective, optimizer, batch, world, params.grad_clip, precision)
+    return times, meter.peak
 
 
 def measure_training(context: Context, item: Item) -> None:
@@ -199,13 +200,15 @@ def measure_training(context: Context, item: Item) -> None:
         step_seconds=round(step_s, 4),
         tokens_per_s=round(run_tokens / step_s, 1),
         peak_bytes=peak,
+        estimated_step_bytes=estimator.step_bytes(run_tokens, recompute)[1],
     )
     item.how.update(
         tokens_per_s=f"eagle3/training/objective.py's train_step at batch 1 x {run_tokens} tokens, random weights, "
         f"mean of steps 2..{len(times)} (the first warms up)",
         peak_bytes="torch.cuda.max_memory_allocated above the memory before the steps"
         if device.type == "cuda"
-        else "growth of this process's RSS high-water mark during the steps (a lower bound of the step's peak)",
+        else "live tensor storage of one more real step above its weights, AdamW state and batch",
+        estimated_step_bytes="the same step on fake tensors (eagle3/training/memory.py), on top of the same",
     )
     if run_tokens < tokens:
         raise Fix(
