@@ -113,10 +113,10 @@ def _all_reduce_worker(rank: int, world: int, init_file: str, numel: int, backen
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # before the group: NCCL binds each process to its GPU
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     tensor = torch.ones(numel, dtype=torch.float32, device=device)
     sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
     for _ in range(2):
