@@ -3,6 +3,7 @@ figures consistent with what the project's stages built and measured, nothing in
 condition it can meet is one line."""
 
 import json
+import math
 import os
 import shutil
 from collections import namedtuple
@@ -31,15 +32,8 @@ def _draft_parameters(draft_dir: Path) -> int:
     """Trainable parameters of the exported draft: its tensors less the vocab maps."""
     with safe_open(str(draft_dir / "model.safetensors"), "pt") as weights:
         return sum(
-            _product(weights.get_slice(name).get_shape()) for name in weights.keys() if name not in ("d2t", "t2d")
+            math.prod(weights.get_slice(name).get_shape()) for name in weights.keys() if name not in ("d2t", "t2d")
         )
-
-
-def _product(shape) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ error line naming its flag, and each input that was not given says its source (`
 mislead (`Inputs.warnings`)."""
 
 import argparse
-import configparser
 import json
 import math
 from dataclasses import dataclass
@@ -14,8 +13,9 @@ from typing import Any
 from eagle3.errors import Eagle3Error
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.paths import PROVENANCE
+from eagle3.tools.dvc_config import cache_option
 from eagle3.tools.plan_memory import TrainMemory, compute_train_memory, estimate, memory_warning
-from eagle3.tools.plan_preflight import PreflightFigures, accelerator_warning, figures_from
+from eagle3.tools.plan_preflight import PreflightFigures, disk_words, preflights
 from eagle3.tools.plan_types import (
     CACHE_LINKS,
     GB,
@@ -65,16 +65,8 @@ def measured_verifier(root: Path) -> str | None:
 def configured_cache_link(root: Path) -> str | None:
     """The first link type of `cache.type` in the project's DVC config (config.local overrides config), the one DVC
     tries first; None where it is not set."""
-    link = None
-    for name in ("config", "config.local"):
-        parser = configparser.ConfigParser()
-        try:
-            parser.read(root / ".dvc" / name)
-        except configparser.Error:
-            continue
-        if parser.has_option("cache", "type"):
-            link = parser.get("cache", "type").strip().strip("'\"").split(",")[0].strip()
-    return link
+    configured = cache_option(root, "type")
+    return None if configured is None else configured.split(",")[0].strip()
 
 
 def parse_budget(flag: str, text: str | None) -> Budget | None:
@@ -242,13 +234,6 @@ def _machine_words(machine: Machine) -> str:
     return f"{machine.gpus} x {GPUS[machine.gpu].name}: {machine.tflops:g} TFLOP/s, {machine.memory_gb:g} GB"
 
 
-def _disk_words(machine: Machine, flag: str, given: float | None, preflight: PreflightFigures) -> str:
-    if machine.disk_tb is None:
-        return ""
-    source = flag if given is not None else preflight.sources.get("disk", "default")
-    return f", disk {machine.disk_tb:,.3g} TB ({source})"
-
-
 def _derived_words(machine: Machine, mfu: float) -> str:
     return f"derived: {machine.gpus} GPUs x {machine.tflops:g} TFLOP/s x MFU {mfu:g}"
 
@@ -362,26 +347,6 @@ def collect_warnings(
     return warnings
 
 
-def preflights(args: argparse.Namespace, verifier: VerifierShape) -> tuple[PreflightFigures, PreflightFigures]:
-    """What --preflight (the rented machine) and --here-preflight (this one) give, with their warnings."""
-    found = []
-    for flag, path, side, machine in (
-        ("--preflight", args.preflight, "there", (args.gpus, GPUS[args.gpu].name)),
-        ("--here-preflight", args.here_preflight, "here", (args.here_gpus, GPUS[args.here_gpu].name)),
-    ):
-        if path is None:
-            found.append(PreflightFigures())
-            continue
-        figures = figures_from(
-            path, flag, side, verifier, args.verifier, args.storage, args.draft_vocab, args.ttt_steps
-        )
-        warning = accelerator_warning(flag, path, *machine)
-        if warning:
-            figures.warnings.append(warning)
-        found.append(figures)
-    return found[0], found[1]
-
-
 def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     """Every input, each from the first place that has it, checked, with its source and the warnings."""
     checked = validate_args(args)
@@ -408,8 +373,8 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         "verifier": args.verifier,
         "compression_ratio": compression.source,
         "there": f"{_machine_words(there)}, {there_price}"
-        + _disk_words(there, "--disk-tb", args.disk_tb, there_preflight),
-        "here": _machine_words(here) + _disk_words(here, "--here-disk-tb", args.here_disk_tb, here_preflight),
+        + disk_words(there, "--disk-tb", args.disk_tb, there_preflight),
+        "here": _machine_words(here) + disk_words(here, "--here-disk-tb", args.here_disk_tb, here_preflight),
         "extract_there": extract_there,
         "extract_here": here_source,
         "train": _train_source(args, there, there_preflight),

@@ -8,6 +8,7 @@ another verifier (every rate and the ratio), another draft shape or TTT depth (t
 extract.storage (the ratio). A file that is not a preflight report is one error line.
 """
 
+import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.hashing import sha256_file
-from eagle3.tools.plan_types import VerifierShape
+from eagle3.tools.plan_types import GPUS, Machine, VerifierShape
 
 TB = 1e12
 
@@ -80,6 +81,7 @@ def same_verifier(identity: dict[str, Any], verifier: VerifierShape, verifier_sp
 
 
 def figures_from(
+    report: dict[str, Any],
     path: Path,
     flag: str,
     side: str,
@@ -89,9 +91,8 @@ def figures_from(
     draft_vocab: int,
     ttt_steps: int,
 ) -> PreflightFigures:
-    """What the report at `path` gives the plan's machine `side` ("there" or "here"); `storage`: --storage (None:
-    the report's own is taken)."""
-    report = read_report(path, flag)
+    """What `report` (read from `path`) gives the plan's machine `side` ("there" or "here"); `storage`: --storage
+    (None: the report's own is taken)."""
     identity = report.get("identity") or {}
     where = f"measured by preflight on {report.get('machine') or 'an unnamed machine'}, {report.get('made', '?')}"
     figures = PreflightFigures()
@@ -138,9 +139,10 @@ def figures_from(
     return figures
 
 
-def accelerator_warning(flag: str, path: Path, gpus_expected: int, preset_name: str) -> str | None:
+def accelerator_warning(
+    report: dict[str, Any], flag: str, path: Path, gpus_expected: int, preset_name: str
+) -> str | None:
     """A warning where the report's machine has no GPUs while the plan's machine is `gpus_expected` x preset."""
-    report = read_report(path, flag)
     count = ((report["items"].get("machine") or {}).get("figures") or {}).get("accelerator_count")
     if count == 0 and gpus_expected > 0:
         return (
@@ -148,3 +150,32 @@ def accelerator_warning(flag: str, path: Path, gpus_expected: int, preset_name: 
             f"{gpus_expected} x {preset_name}: its figures describe that machine, not this one"
         )
     return None
+
+
+def preflights(args: argparse.Namespace, verifier: VerifierShape) -> tuple[PreflightFigures, PreflightFigures]:
+    """What --preflight (the rented machine) and --here-preflight (this one) give, with their warnings."""
+    found = []
+    for flag, path, side, gpus, gpu in (
+        ("--preflight", args.preflight, "there", args.gpus, args.gpu),
+        ("--here-preflight", args.here_preflight, "here", args.here_gpus, args.here_gpu),
+    ):
+        if path is None:
+            found.append(PreflightFigures())
+            continue
+        report = read_report(path, flag)
+        figures = figures_from(
+            report, path, flag, side, verifier, args.verifier, args.storage, args.draft_vocab, args.ttt_steps
+        )
+        warning = accelerator_warning(report, flag, path, gpus, GPUS[gpu].name)
+        if warning:
+            figures.warnings.append(warning)
+        found.append(figures)
+    return found[0], found[1]
+
+
+def disk_words(machine: Machine, flag: str, given: float | None, preflight: PreflightFigures) -> str:
+    """How a machine's disk reads in the plan's sources: its size and where it came from (flag, preflight, default)."""
+    if machine.disk_tb is None:
+        return ""
+    source = flag if given is not None else preflight.sources.get("disk", "default")
+    return f", disk {machine.disk_tb:,.3g} TB ({source})"

@@ -14,7 +14,7 @@ from eagle3.tools.preflight_items import GB, Context, Fix, Item
 MATMUL_SIZE = 1024
 
 
-def _ram_bytes() -> int | None:
+def ram_bytes() -> int | None:
     try:
         with open("/proc/meminfo", encoding="utf-8") as meminfo:
             for line in meminfo:
@@ -59,7 +59,7 @@ def measure_machine(context: Context, item: Item) -> None:
     ]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     environment = capture()
-    ram = _ram_bytes()
+    ram = ram_bytes()
     per_dtype = context.budget("machine") / (2 * len(devices))
     precision: dict[str, Any] = {}
     for device in devices:
@@ -195,20 +195,11 @@ def _existing(path: Path) -> Path:
 
 
 def dvc_cache_dir(root: Path) -> Path:
-    """The DVC cache as the project's config sets it (config.local overriding config), else .dvc/cache."""
-    import configparser
+    """The DVC cache as the project's config sets it (a relative cache.dir is relative to .dvc/), else .dvc/cache."""
+    from eagle3.tools.dvc_config import cache_option
 
-    directory = root / ".dvc" / "cache"
-    for name in ("config", "config.local"):
-        parser = configparser.ConfigParser()
-        try:
-            parser.read(root / ".dvc" / name)
-        except configparser.Error:
-            continue
-        if parser.has_option("cache", "dir"):
-            configured = Path(parser.get("cache", "dir").strip().strip("'\""))
-            directory = configured if configured.is_absolute() else (root / ".dvc" / configured)
-    return directory
+    configured = cache_option(root, "dir")
+    return root / ".dvc" / (configured or "cache")
 
 
 def disk_throughput(directory: Path, seconds: float, limit_bytes: int) -> dict[str, Any]:

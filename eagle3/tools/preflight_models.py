@@ -104,11 +104,11 @@ def draft_config(context: Context):
 def _device_memory(device) -> tuple[int | None, str]:
     import torch
 
-    from eagle3.tools.preflight_machine import _ram_bytes
+    from eagle3.tools.preflight_machine import ram_bytes
 
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory, "the GPU's total memory"
-    return _ram_bytes(), "this machine's RAM"
+    return ram_bytes(), "this machine's RAM"
 
 
 def _steps(context: Context, config, tokens: int, recompute: str, precision: str, device) -> tuple[list[float], int]:
@@ -160,7 +160,8 @@ def measure_training(context: Context, item: Item) -> None:
     precision = training_precision(params.train, device)
     tokens, recompute = params.extract.max_seq_len, params.train.activation_checkpointing
     estimator = Estimator(config, params.train.ttt_steps, precision)
-    estimates = {setting: estimator.memory(tokens, setting).total for setting in ("off", "mlp", "full")}
+    steps = {setting: estimator.memory(tokens, setting) for setting in ("off", "mlp", "full")}
+    estimates = {setting: step.total for setting, step in steps.items()}
     memory, memory_source = _device_memory(device)
     item.figures.update(
         device=str(device),
@@ -202,7 +203,10 @@ def measure_training(context: Context, item: Item) -> None:
         step_seconds=round(step_s, 4),
         tokens_per_s=round(run_tokens / step_s, 1),
         peak_bytes=peak,
-        estimated_step_bytes=estimator.step_bytes(run_tokens, recompute)[1],
+        # The step at the configured length was estimated above; a shorter confirmed one is estimated here.
+        estimated_step_bytes=steps[recompute].step
+        if run_tokens == tokens
+        else estimator.step_bytes(run_tokens, recompute)[1],
     )
     item.how.update(
         tokens_per_s=f"eagle3/training/objective.py's train_step at batch 1 x {run_tokens} tokens, random weights, "
