@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 
 from eagle3.config import load_params
+from eagle3.modeling.offline_estimate import offline_estimate
 from eagle3.paths import HIDDEN_DIR, VERIFIER_DIR
 from eagle3.stages import export, train, vocab
-from eagle3.stages.evaluate import offline_estimate
 
 SECTIONS = ("vocab", "train")
 

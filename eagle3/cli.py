@@ -17,12 +17,13 @@ from eagle3.secret_filter import guard_output
 STAGES: dict[str, str] = {
     "verifier": "fetch/convert the verifier and record its provenance",
     "prepare": "normalise, dedupe and split the open prompt datasets",
+    "benchmarks": "fetch the pinned benchmark prompt sets (MT-bench, HumanEval, ...), drop training overlaps",
     "generate": "the verifier regenerates every assistant turn (resumable)",
     "extract": "verifier hidden states -> compressed, checksummed shards (resumable)",
     "vocab": "draft vocabulary (d2t/t2d) from the answers' token frequencies",
     "train": "train the EAGLE-3 draft with training-time test (resumable; torchrun for DDP)",
     "export": "write the draft in vLLM's EAGLE-3 format and the speculators format",
-    "evaluate": "tokens per verifier step inside vLLM on held-out prompts, vs vLLM's ngram",
+    "evaluate": "tokens per verifier step inside vLLM on held-out and benchmark prompts, vs vLLM's ngram",
     "report": "license gate, lineage record and model card; --check verifies them",
 }
 # Earlier names users may have in scripts.

@@ -9,6 +9,7 @@ result is discarded, so no stage output depends on it and it is deliberately not
 from pathlib import Path
 
 from eagle3.params.base import Section
+from eagle3.params.benchmarks import BenchmarksParams
 from eagle3.params.evaluate import EvaluateParams
 from eagle3.params.export import ExportParams
 from eagle3.params.extract import ExtractParams
@@ -24,6 +25,7 @@ from eagle3.params.vocab import VocabParams
 class Params(Section):
     verifier: VerifierParams
     prepare: PrepareParams
+    benchmarks: BenchmarksParams = BenchmarksParams()
     generate: GenerateParams
     extract: ExtractParams
     vocab: VocabParams = VocabParams()

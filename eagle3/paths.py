@@ -15,6 +15,10 @@ PROVENANCE = VERIFIER_DIR / "provenance.json"
 PREPARED_DIR = Path("data/prepared")
 PREPARED_CARD = PREPARED_DIR / "card.json"
 
+# benchmarks
+BENCHMARKS_DIR = Path("data/benchmarks")
+BENCHMARKS_FILE = BENCHMARKS_DIR / "benchmarks.json"
+
 # generate
 SYNTHETIC_DIR = Path("data/synthetic")
 SYNTHETIC_MANIFEST = SYNTHETIC_DIR / "manifest.json"
@@ -52,6 +56,7 @@ TRAIN_LOG_DIR = METRICS_DIR / "train"
 EVAL_METRICS = METRICS_DIR / "eval.json"
 EVAL_PLOTS_DIR = METRICS_DIR / "eval"
 EVAL_FIGURE = REPORTS_DIR / "eval.png"
+EVAL_BENCHMARKS_FIGURE = REPORTS_DIR / "eval_benchmarks.png"
 
 # Throughput of the last run that did work, outside DVC's outputs (eagle3/resume.py: measured_run).
 LAST_RUN_DIR = Path(".eagle3/last_run")

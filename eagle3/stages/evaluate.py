@@ -16,25 +16,24 @@ Exactness is expected only in float32 (the CPU default); in bf16, verifying k+1 
 from decoding one and near-tied greedy tokens flip, so there it is a measured agreement (`lossless` in the metrics).
 Output tokens/s is wall time on this machine: on CPU, speculation is usually slower in wall time.
 
-Offline estimate (on the GPU in bf16 where there is one, over at most `evaluate.offline.max_tokens` held-out
-tokens, full-vocabulary logits `chunk_tokens` positions at a time): the exported draft unrolled (training-time
-test) over the held-out hidden states; at each
-position the accepted length is the number of leading draft steps whose top-1 equals the verifier's top-1.
-Each answer is then decoded as vLLM decodes (`_walk_answers`), giving tokens per verifier step, mean
-acceptance length and acceptance by position computed as vLLM computes them. It is written beside the vLLM
-figure with the gap; what remains of the gap is the population (every turn of the held-out conversations
-vs the first `max_tokens` of the first turns).
+Offline estimate: eagle3/modeling/offline_estimate.py.
 
-Prompts are the held-out split from prepare (first user turn); the stage refuses to run if any of them is
-also a training prompt.
+Prompt sets: the held-out split from prepare (first user turn; the stage refuses to run if any of them is also a
+training prompt) and each benchmark of data/benchmarks (stage `benchmarks`: MT-bench, HumanEval, ...). One engine
+per configuration serves every set; a multi-turn benchmark is asked turn by turn, every method after the same
+history, the verifier's own greedy answers to the earlier turns (the `none` run, measured first). Per set (and per
+category where the set has them): tokens per verifier step, mean acceptance length (the published drafts'
+figure) and acceptance by position, each with a 95% bootstrap interval over the set's prompts
+(eagle3/engines/acceptance.py). `runs` and the headline are the held-out set's, as before.
 """
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from eagle3.chat.benchmark_prompts import ask_turn_by_turn
+from eagle3.engines.acceptance import counters_agree, figures
 from eagle3.engines.served_speculation import Retries, Served, ServerClient, check_server_info
 from eagle3.engines.server_access import auth_headers
 from eagle3.engines.speculative import Engine, Request, Sampling, Speculation
@@ -42,20 +41,18 @@ from eagle3.engines.speculative import run as run_engine
 from eagle3.engines.vllm_env import on_cpu_build
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
-from eagle3.files import atomic_path, write_json, write_text
-from eagle3.formats.exported_draft import load_exported_draft
+from eagle3.files import write_json
+from eagle3.formats.benchmarks import read_benchmarks
 from eagle3.formats.hf_config import read_config, text_config, uses_mla
-from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.prepared import read_rows
 from eagle3.formats.provenance import Provenance, read_provenance, verifier_dir
-from eagle3.formats.shards import HiddenStateDataset, split_shards
-from eagle3.formats.vocab import draft_to_target
-from eagle3.modeling.ttt_alignment import shift_left, target_offset, verifier_offset
+from eagle3.modeling.offline_estimate import offline_estimate
 from eagle3.params.base import StageParams
-from eagle3.params.evaluate import EvaluateParams, OfflineEstimate
-from eagle3.paths import DRAFT_DIR, EVAL_FIGURE, EVAL_METRICS, EVAL_PLOTS_DIR, PREPARED_DIR, prepared_split
+from eagle3.params.evaluate import EvaluateParams
+from eagle3.paths import DRAFT_DIR, EVAL_METRICS, PREPARED_DIR, prepared_split
 from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import step
+from eagle3.publish.evaluation_plots import find_run, pick_run, write_benchmark_plots, write_plots
 
 
 class Params(StageParams):
@@ -87,121 +84,78 @@ def heldout_prompts(root: Path, limit: int | None) -> tuple[list[str], list[list
     return hashes, prompts
 
 
+@dataclass(frozen=True)
+class PromptSet:
+    name: str
+    # Each: {"id", "category", "first" (chat messages of the first turn), "later" (the user turns after it)}.
+    conversations: list[dict[str, Any]]
+    # A benchmark's facts for the metrics: license, records read, dropped as training prompts, over the cap.
+    facts: dict[str, Any]
+
+
+def prompt_sets(root: Path, config: EvaluateParams) -> list[PromptSet]:
+    """The held-out set first, then each benchmark set in data/benchmarks' order."""
+    hashes, prompts = heldout_prompts(root, config.max_prompts)
+    sets = [
+        PromptSet(
+            "heldout",
+            [{"id": h, "category": None, "first": p, "later": []} for h, p in zip(hashes, prompts, strict=True)],
+            {"license": None, "records": len(prompts), "contaminated": 0, "capped": None},
+        )
+    ]
+    for entry in read_benchmarks(root):
+        conversations = [
+            {
+                "id": prompt["id"],
+                "category": prompt["category"],
+                "first": [{"role": "user", "content": prompt["turns"][0]}],
+                "later": prompt["turns"][1:],
+            }
+            for prompt in entry["prompts"]
+        ]
+        facts = {
+            "license": entry["license"],
+            "records": entry["records"],
+            "contaminated": entry["contaminated"]["count"],
+            "capped": entry["capped"],
+        }
+        sets.append(PromptSet(entry["name"], conversations, facts))
+    return sets
+
+
 def summarize(
-    method: str, k: int | None, outcome: dict[str, Any], prompts: int, reference: list[list[int]] | None
+    method: str,
+    k: int | None,
+    outcome: dict[str, Any],
+    units: list[list[dict[str, Any]]],
+    reference: dict[tuple[int, int], list[int]] | None,
+    seed: int,
 ) -> dict[str, Any]:
-    counters = outcome["counters"]
-    output_tokens = sum(len(c["token_ids"]) for c in outcome["completions"])
-    accepted = counters["num_accepted_tokens"] if method != "none" else 0
-    drafts = counters["num_drafts"]
+    """One configuration's figures over `units` (each prompt's completions) of one sampling run."""
+    completions = [c for unit in units for c in unit]
     summary = {
         "method": method,
         "k": k,
         "temperature": outcome["sampling"]["temperature"],
-        "prompts": prompts,
-        "output_tokens": output_tokens,
-        "accepted_tokens": accepted,
-        "verifier_steps": output_tokens - accepted,
-        "tokens_per_step": round(output_tokens / max(output_tokens - accepted, 1), 4),
-        "num_drafts": drafts,
-        "num_draft_tokens": counters["num_draft_tokens"],
-        "mean_acceptance_length": round(1 + accepted / drafts, 4) if method != "none" and drafts else None,
-        "acceptance_by_position": [round(a / drafts, 4) for a in counters["accepted_per_position"]] if drafts else [],
-        "output_tokens_per_s": round(output_tokens / outcome["seconds"], 1) if outcome["seconds"] > 0 else None,
-        "seconds": outcome["seconds"],
+        **figures(units, method != "none", seed),
         "lossless_identical": None,
     }
     if reference is not None:
         summary["lossless_identical"] = sum(
-            c["token_ids"] == r for c, r in zip(outcome["completions"], reference, strict=True)
+            c["token_ids"] == reference[(c["conversation"], c["turn"])] for c in completions
         )
     return summary
 
 
-def greedy_tokens(states: torch.Tensor, head: torch.Tensor, chunk: int) -> torch.Tensor:
-    """argmax(states @ head.T) per row, `chunk` rows at a time: a [tokens, vocab] logit matrix (10.7 GB in fp32
-    for one 16K-token sample against Kimi-K2.5's 163,840-token head) never exists at once."""
-    return torch.cat([(states[i : i + chunk] @ head.T).argmax(-1) for i in range(0, len(states), chunk)])
-
-
-@torch.no_grad()
-def offline_estimate(root: Path, steps: int, limits: OfflineEstimate) -> dict[str, Any]:
-    """Expected tokens per verifier step from held-out hidden states and the exported draft (see module doc), over
-    at most `limits.max_tokens` held-out tokens (whole samples), on the GPU in bf16 where there is one."""
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shards = split_shards(root, "heldout")
-    draft, d2t = load_exported_draft(root / DRAFT_DIR)
-    draft.to(device=device, dtype=dtype)
-    verifier = load_verifier_tensors(verifier_dir(root))
-    embed = torch.nn.Embedding.from_pretrained(verifier.pop("embed").to(device=device, dtype=dtype))
-    head = verifier.pop("lm_head").to(device=device, dtype=dtype)
-    targets = draft_to_target(d2t).to(device)
-    per_step_correct, positions, read = torch.zeros(steps), 0, 0
-    walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0] * steps}
-    provenance = read_provenance(root)
-    made_for = {"hidden_size": provenance.hidden_size, "tokenizer_sha256": provenance.tokenizer_sha256}
-    for sample in HiddenStateDataset(shards, made_for, provenance.vocab_size):
-        ids, mask = sample["input_ids"], sample["loss_mask"]
-        tokens = len(ids)
-        if read and read + tokens > limits.max_tokens:
-            break
-        read += tokens
-        if tokens < 3:
-            continue
-        hidden = sample["hidden"].to(device=device, dtype=dtype, non_blocking=True)
-        aux = hidden[:-1].transpose(0, 1).reshape(1, tokens, -1)
-        # The verifier's greedy next token at each position, from its final state.
-        verifier_top1 = greedy_tokens(hidden[-1], head, limits.chunk_tokens)
-        features = draft.unroll(ids[None].to(device), aux, embed, steps)
-        correct = torch.zeros(tokens, steps, dtype=torch.bool, device=device)
-        for i, feature in enumerate(features):
-            guess = targets[greedy_tokens(draft.norm(feature[0]), draft.lm_head.weight, limits.chunk_tokens)]
-            offset = verifier_offset(i)
-            correct[: tokens - offset, i] = guess[: tokens - offset] == verifier_top1[offset:]
-        correct = correct.cpu()
-        # Positions whose first drafted token is an answer token.
-        counted = shift_left(mask[None], target_offset(0))[0]
-        per_step_correct += correct[counted].float().sum(0)
-        positions += int(counted.sum())
-        _walk_answers(correct.int().cumprod(-1).sum(-1).tolist(), mask.tolist(), walk)
+def _run_record(summary: dict[str, Any], outcome: dict[str, Any]) -> dict[str, Any]:
+    """A held-out `runs` entry: its figures, and the configuration's wall time and counter check (every set)."""
+    tokens = sum(len(c["token_ids"]) for c in outcome["completions"])
     return {
-        "k": steps,
-        "heldout_tokens_read": read,
-        "device": f"{device.type} {str(dtype).removeprefix('torch.')}",
-        "positions": positions,
-        "drafts": walk["drafts"],
-        "tokens_per_step": round(walk["output"] / max(walk["output"] - walk["accepted"], 1), 4),
-        "mean_acceptance_length": round(1 + walk["accepted"] / max(walk["drafts"], 1), 4),
-        "acceptance_by_position": [round(n / max(walk["drafts"], 1), 4) for n in walk["by_position"]],
-        "top1_agreement_by_position": [round(float(c) / max(positions, 1), 4) for c in per_step_correct],
+        **summary,
+        "output_tokens_per_s": round(tokens / outcome["seconds"], 1) if outcome["seconds"] > 0 else None,
+        "seconds": outcome["seconds"],
+        "counters_agree": counters_agree(outcome["completions"], outcome["counters"]),
     }
-
-
-def _walk_answers(leading: list[int], answer: list[bool], walk: dict[str, Any]) -> None:
-    """Decode each answer (a run of loss-masked tokens) as vLLM does: the draft at position t (its input is token
-    t+1) proposes tokens t+2.., the verifier accepts the leading matches and adds one token, the next draft starts
-    after them. Averaging over every position instead overstates vLLM's figure: hard tokens cluster at the
-    positions drafting restarts from (measured on vLLM's own completions: every-position 1.73 vs walk 1.588 vs
-    vLLM 1.590)."""
-    tokens, start = len(answer), 0
-    while start < tokens:
-        if not answer[start]:
-            start += 1
-            continue
-        end = start
-        while end < tokens and answer[end]:
-            end += 1
-        walk["output"] += end - start
-        position = start - 1
-        while position >= 0 and position + 2 <= end - 1:
-            accepted = min(leading[position], end - 2 - position)
-            walk["drafts"] += 1
-            walk["accepted"] += accepted
-            for i in range(accepted):
-                walk["by_position"][i] += 1
-            position += accepted + 1
-        start = end
 
 
 def run(params: Params, root: Path, options=None) -> None:
@@ -210,44 +164,64 @@ def run(params: Params, root: Path, options=None) -> None:
     draft_dir = root / DRAFT_DIR
     if not (draft_dir / "config.json").is_file():
         raise Eagle3Error(f"{draft_dir}: no exported draft; run `dvc repro export` (or `eagle3 export`) first")
-    hashes, prompts = heldout_prompts(root, config.max_prompts)
+    sets = prompt_sets(root, config)
+    conversations = [c for prompt_set in sets for c in prompt_set.conversations]
+    heldout = sets[0]
     if config.backend == "servers":
-        measurer = ServerMeasurer(config, prompts)
+        measurer = ServerMeasurer(config)
     else:
-        measurer = EngineMeasurer(config, provenance, root, prompts)
+        measurer = EngineMeasurer(config, provenance, root)
     runs: list[dict[str, Any]] = []
-    reference: list[list[int]] | None = None
+    by_set: dict[str, dict[str, Any]] = {
+        s.name: {**s.facts, "prompts": len(s.conversations), "results": [], "categories": {}} for s in sets[1:]
+    }
+    reference: dict[tuple[int, int], list[int]] | None = None
+    answers: list[list[str]] | None = None
     started = time.monotonic()
     configurations = config.configurations()
+    turns = sum(1 + len(c["later"]) for c in conversations)
     for number, (method, k) in enumerate(configurations, start=1):
         step(
             f"evaluate: run {number}/{len(configurations)}: {method}"
             + (f" k={k}" if k else "")
-            + f" on {len(prompts)} held-out prompts{measurer.where(method, k)}"
+            + f" on {turns} turns of {len(conversations)} prompts in {len(sets)} sets{measurer.where(method, k)}"
         )
-        greedy, sampled = measurer.measure(method, k)
+        greedy, sampled = measurer.measure(method, k, conversations, answers)
         if method == "none":
-            reference = [c["token_ids"] for c in greedy["completions"]]
-        runs.append(summarize(method, k, greedy, len(prompts), reference))
-        runs.append(summarize(method, k, sampled, len(prompts), None))
+            reference = {(c["conversation"], c["turn"]): c["token_ids"] for c in greedy["completions"]}
+            answers = _answers(conversations, greedy["completions"])
+        for outcome, compared in ((greedy, reference), (sampled, None)):
+            units = _units(sets, outcome["completions"])
+            runs.append(_run_record(summarize(method, k, outcome, units["heldout"], compared, config.seed), outcome))
+            for prompt_set in sets[1:]:
+                entry = by_set[prompt_set.name]
+                entry["results"].append(summarize(method, k, outcome, units[prompt_set.name], compared, config.seed))
+                if method == "none":
+                    continue
+                for category, members in _categories(prompt_set, units[prompt_set.name]).items():
+                    entry["categories"].setdefault(category, []).append(
+                        summarize(method, k, outcome, members, None, config.seed)
+                    )
     k = config.headline_k
     step(f"evaluate: offline estimate at k={k} from held-out hidden states")
     offline = offline_estimate(root, k, config.offline)
-    draft_greedy = _pick(runs, "eagle3", k, 0.0)
-    ngram_greedy = _find(runs, "ngram", k, 0.0)
+    draft_greedy = pick_run(runs, "eagle3", k, 0.0)
+    ngram_greedy = find_run(runs, "ngram", k, 0.0)
     identical = draft_greedy["lossless_identical"]
+    prompts = len(heldout.conversations)
     headline = {
         "k": k,
         "tokens_per_step_greedy": draft_greedy["tokens_per_step"],
         "ngram_tokens_per_step_greedy": ngram_greedy["tokens_per_step"] if ngram_greedy else None,
-        "lossless_greedy": f"{identical}/{len(prompts)}" if identical is not None else None,
+        "lossless_greedy": f"{identical}/{prompts}" if identical is not None else None,
+        "benchmarks": {name: _headline(entry["results"], k) for name, entry in by_set.items()},
     }
     metrics = {
         "headline": headline,
         "lossless": {
             "identical": identical,
-            "prompts": len(prompts),
-            "rate": round(identical / len(prompts), 4) if identical is not None else None,
+            "prompts": prompts,
+            "rate": round(identical / prompts, 4) if identical is not None else None,
             # Exact only in float32 in-process: in bf16 (and on servers, which batch and usually run bf16),
             # verifying k+1 tokens at once rounds differently from decoding one, so near-tied tokens flip and the
             # rate is a measured agreement.
@@ -262,7 +236,9 @@ def run(params: Params, root: Path, options=None) -> None:
         # An MLA verifier's attention in vLLM (mla_in_vllm); null: not an MLA verifier, or measured on servers.
         "mla": measurer.mla,
         "runs": runs,
-        "prompts": {"split": "heldout", "count": len(prompts), "prompt_hashes": hashes},
+        "benchmarks": by_set,
+        "prompts": {"split": "heldout", "count": prompts, "prompt_hashes": [c["id"] for c in heldout.conversations]},
+        "max_tokens": config.max_tokens,
         # True where this vLLM build needed eagle3/engines/speculative.py's fix for sampled (temperature > 0) runs.
         "repaired_vllm_temperature_expansion": measurer.repaired,
         # What computed the figures (eagle3/environment.py; for servers, what each reported): README
@@ -271,13 +247,55 @@ def run(params: Params, root: Path, options=None) -> None:
         "seconds": round(time.monotonic() - started, 1),
     }
     write_json(root / EVAL_METRICS, metrics)
-    _write_plots(root, runs, config)
+    write_plots(root, runs, config)
+    write_benchmark_plots(root, {"heldout": {"results": runs}, **by_set}, k)
     ngram_words = f" vs {headline['ngram_tokens_per_step_greedy']} with ngram" if ngram_greedy else ""
     step(
         f"evaluate: k={k} greedy: {headline['tokens_per_step_greedy']} tokens per verifier step with the draft"
         f"{ngram_words}; lossless {headline['lossless_greedy'] or 'not measured (no reference run)'}; "
         f"offline estimate {offline['tokens_per_step']}"
     )
+    for name, figures_at_k in headline["benchmarks"].items():
+        step(f"evaluate: {name}: {figures_at_k}")
+
+
+def _answers(conversations: list[dict[str, Any]], completions: list[dict[str, Any]]) -> list[list[str]]:
+    """Per conversation, the reference's greedy answers to every turn that has a later one."""
+    texts = {(c["conversation"], c["turn"]): c["text"] for c in completions}
+    return [[texts[(i, t)] for t in range(len(c["later"]))] for i, c in enumerate(conversations)]
+
+
+def _units(sets: list[PromptSet], completions: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]]]:
+    """Per set, each prompt's completions (its turns in order)."""
+    by_conversation: dict[int, list[dict[str, Any]]] = {}
+    for completion in completions:
+        by_conversation.setdefault(completion["conversation"], []).append(completion)
+    units, first = {}, 0
+    for prompt_set in sets:
+        count = len(prompt_set.conversations)
+        units[prompt_set.name] = [
+            sorted(by_conversation[i], key=lambda c: c["turn"]) for i in range(first, first + count)
+        ]
+        first += count
+    return units
+
+
+def _categories(prompt_set: PromptSet, units: list[list[dict[str, Any]]]) -> dict[str, list[list[dict[str, Any]]]]:
+    grouped: dict[str, list[list[dict[str, Any]]]] = {}
+    for conversation, unit in zip(prompt_set.conversations, units, strict=True):
+        if conversation["category"] is not None:
+            grouped.setdefault(conversation["category"], []).append(unit)
+    return grouped
+
+
+def _headline(results: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    draft, ngram = find_run(results, "eagle3", k, 0.0), find_run(results, "ngram", k, 0.0)
+    return {
+        "mean_acceptance_length": draft["mean_acceptance_length"] if draft else None,
+        "mean_acceptance_length_ci95": draft["mean_acceptance_length_ci95"] if draft else None,
+        "tokens_per_step": draft["tokens_per_step"] if draft else None,
+        "ngram_tokens_per_step": ngram["tokens_per_step"] if ngram else None,
+    }
 
 
 def mla_in_vllm(model_dir: Path) -> dict[str, Any] | None:
@@ -301,8 +319,8 @@ def mla_in_vllm(model_dir: Path) -> dict[str, Any] | None:
 class EngineMeasurer:
     """Each configuration in a fresh in-process vLLM engine (eagle3/engines/speculative.py)."""
 
-    def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path, prompts: list):
-        self.config, self.draft_dir, self.prompts = config, root / DRAFT_DIR, prompts
+    def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path):
+        self.config, self.draft_dir = config, root / DRAFT_DIR
         self.dtype = resolve(config.vllm.dtype, engine_device_type())
         model_dir = verifier_dir(root)
         self.mla = mla_in_vllm(model_dir)
@@ -324,7 +342,8 @@ class EngineMeasurer:
     def where(self, method: str, k: int | None) -> str:
         return " (VLLM_MLA_DISABLE=1)" if self.engine.disable_mla else ""
 
-    def measure(self, method: str, k: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def measure(self, method: str, k: int | None, conversations: list[dict[str, Any]], answers) -> tuple[dict, dict]:
+        """Greedy and sampled runs over every conversation, turn by turn (after `answers`, or its own greedy ones)."""
         config = self.config
         speculation = None
         if method == "eagle3":
@@ -340,7 +359,15 @@ class EngineMeasurer:
             Sampling(0.0, config.max_tokens, config.seed),
             Sampling(config.temperature, config.max_tokens, config.seed),
         ]
-        greedy, sampled = run_engine(Request(self.engine, speculation, self.prompts, samplings))
+        request = Request(
+            self.engine,
+            speculation,
+            [c["first"] for c in conversations],
+            samplings,
+            later_turns=[c["later"] for c in conversations],
+            answers=answers,
+        )
+        greedy, sampled = run_engine(request)
         self.repaired |= sampled["repaired_token_expansion"]
         self.environment = sampled["environment"]
         return greedy, sampled
@@ -349,12 +376,12 @@ class EngineMeasurer:
 class ServerMeasurer:
     """Each configuration on the running server labelled with it (eagle3/engines/served_speculation.py)."""
 
-    def __init__(self, config: EvaluateParams, prompts: list):
+    def __init__(self, config: EvaluateParams):
         assert config.servers is not None
         servers = config.servers
         headers = auth_headers(servers.api_key_env, "evaluate.servers.api_key_env")
         retries = Retries(servers.concurrency, servers.timeout_s, servers.max_retries, servers.backoff_s)
-        self.config, self.prompts = config, prompts
+        self.config = config
         # What each server runs is its own: no float32 exactness to expect.
         self.dtype = "as served"
         self.mla = None  # the servers' business: their own flags
@@ -374,76 +401,21 @@ class ServerMeasurer:
     def where(self, method: str, k: int | None) -> str:
         return f" at {self.clients[(method, k)].served.root}"
 
-    def measure(self, method: str, k: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def measure(self, method: str, k: int | None, conversations: list[dict[str, Any]], answers) -> tuple[dict, dict]:
+        """As EngineMeasurer.measure, on the server labelled (method, k)."""
         client, config = self.clients[(method, k)], self.config
-        return tuple(
-            client.measure(self.prompts, temperature, config.max_tokens, config.seed)
-            for temperature in (0.0, config.temperature)
+        temperatures = (0.0, config.temperature)
+
+        def ask(messages, number):
+            batch = client.measure(messages, temperatures[number], config.max_tokens, config.seed)
+            return batch["completions"], batch["counters"]
+
+        results = ask_turn_by_turn(
+            [c["first"] for c in conversations], [c["later"] for c in conversations], answers, 2, ask
         )
-
-
-def _pick(runs: list[dict[str, Any]], method: str, k: int, temperature: float) -> dict[str, Any]:
-    found = _find(runs, method, k, temperature)
-    assert found is not None, (method, k, temperature)
-    return found
-
-
-def _find(runs: list[dict[str, Any]], method: str, k: int, temperature: float) -> dict[str, Any] | None:
-    return next((r for r in runs if r["method"] == method and r["k"] == k and r["temperature"] == temperature), None)
-
-
-def _write_plots(root: Path, runs: list[dict[str, Any]], config: EvaluateParams) -> None:
-    """CSV for `dvc plots show` (declared in dvc.yaml) and the same two panels as reports/eval.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ks = sorted({r["k"] for r in runs if r["method"] != "none"})
-    temperatures = (0.0, config.temperature)
-    out = root / EVAL_PLOTS_DIR
-
-    def figure_at(method: str, k: int, temperature: float) -> float | None:
-        found = _find(runs, method, k, temperature)
-        return found["tokens_per_step"] if found else None
-
-    # A configuration that was not measured is an empty cell (and a gap in the curve).
-    lines = ["k,eagle3_greedy,ngram_greedy,eagle3_sampled,ngram_sampled"]
-    for k in ks:
-        values = [figure_at(m, k, t) for t in temperatures for m in ("eagle3", "ngram")]
-        lines.append(",".join([str(k)] + ["" if v is None else str(v) for v in values]))
-    write_text(out / "tokens_per_step.csv", "\n".join(lines) + "\n")
-    top = max(r["k"] for r in runs if r["method"] == "eagle3")
-    greedy, sampled = _pick(runs, "eagle3", top, 0.0), _pick(runs, "eagle3", top, config.temperature)
-    lines = ["position,greedy,sampled"] + [
-        f"{i},{g},{s}"
-        for i, (g, s) in enumerate(
-            zip(greedy["acceptance_by_position"], sampled["acceptance_by_position"], strict=True)
-        )
-    ]
-    write_text(out / "acceptance_by_position.csv", "\n".join(lines) + "\n")
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for method, style in (("eagle3", "o-"), ("ngram", "s--")):
-        for temperature in temperatures:
-            label = f"{method}, {'greedy' if temperature == 0 else f'T={temperature}'}"
-            measured = [(k, figure_at(method, k, temperature)) for k in ks]
-            measured = [(k, v) for k, v in measured if v is not None]
-            if measured:
-                left.plot(*zip(*measured, strict=True), style, label=label)
-    left.set(
-        xlabel="k (num_speculative_tokens)",
-        ylabel="output tokens per verifier step",
-        xticks=ks,
-        title="Tokens per verifier step",
-    )
-    left.legend()
-    positions = list(range(len(greedy["acceptance_by_position"])))
-    right.bar([p - 0.2 for p in positions], greedy["acceptance_by_position"], 0.4, label="greedy")
-    right.bar([p + 0.2 for p in positions], sampled["acceptance_by_position"], 0.4, label=f"T={config.temperature}")
-    right.set(xlabel="draft position", ylabel="acceptance rate", xticks=positions, title=f"EAGLE-3 acceptance, k={top}")
-    right.legend()
-    figure.tight_layout()
-    with atomic_path(root / EVAL_FIGURE) as partial:
-        figure.savefig(partial, dpi=100, format="png", metadata={"Software": None})
-    plt.close(figure)
+        for temperature, result in zip(temperatures, results, strict=True):
+            result.update(
+                sampling={"temperature": temperature, "max_tokens": config.max_tokens, "seed": config.seed},
+                repaired_token_expansion=False,
+            )
+        return results[0], results[1]

@@ -13,7 +13,6 @@ prompt also appears in training.
 
 import hashlib
 import json
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import pyarrow.parquet as pq
 from eagle3.chat.conversations import DROP_REASONS, InvalidRow, normalize, prompt_hash
 from eagle3.errors import Eagle3Error
 from eagle3.files import staged_dir, write_json
+from eagle3.formats.hub_datasets import load_pinned
 from eagle3.formats.prepared import SCHEMA, SCHEMA_NAME, SPLITS
 from eagle3.hashing import sha256_bytes, sha256_file
 from eagle3.params.base import StageParams
@@ -242,39 +242,7 @@ def _rows_from_batches(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator
 
 
 def _open_hub(source: HubDataset) -> tuple[Iterator[Any], int | None, dict[str, Any]]:
-    import datasets
-
-    step(f"loading {source.dataset}@{source.revision[:12]} ({source.split}) with datasets {datasets.__version__}")
-    try:
-        dataset = datasets.load_dataset(source.dataset, source.config, revision=source.revision, split=source.split)
-    except Exception as exc:  # datasets raises many unrelated types for "not reachable / not cached / no such split"
-        raise Eagle3Error(
-            f"prepare.sources[{source.name}]: cannot load {source.dataset}@{source.revision} split {source.split}: "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-            "(online: check the id and revision; offline: the dataset must already be in the datasets cache)"
-        ) from None
-    loaded_revision = _cached_revision(dataset)
-    # Offline, `datasets` falls back to whatever revision is cached; refuse anything but the pinned one.
-    if loaded_revision is not None and loaded_revision != source.revision:
-        raise Eagle3Error(
-            f"prepare.sources[{source.name}].revision: pinned {source.revision} but datasets loaded cached revision "
-            f"{loaded_revision}; download the pinned revision or update the pin"
-        )
-    description = {
-        "kind": "hf",
-        "dataset": source.dataset,
-        "revision": source.revision,
-        "config": source.config,
-        "split": source.split,
-        "fingerprint": dataset._fingerprint,
-    }
+    dataset, description = load_pinned(
+        source.dataset, source.config, source.revision, source.split, f"prepare.sources[{source.name}]"
+    )
     return _rows_from_batches(dataset.with_format("arrow").iter(batch_size=_BATCH_ROWS)), len(dataset), description
-
-
-def _cached_revision(dataset: Any) -> str | None:
-    """The commit hash a hub dataset was materialised from: datasets caches it as .../<config>/<version>/<commit>/."""
-    files = getattr(dataset, "cache_files", None) or []
-    if not files:
-        return None
-    name = Path(files[0]["filename"]).parent.name
-    return name if re.fullmatch(r"[0-9a-f]{40}", name) else None

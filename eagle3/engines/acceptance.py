@@ -1,0 +1,107 @@
+"""The evaluation's figures from each request's own acceptance, per prompt set and category, with confidence
+intervals.
+
+vLLM reports per request (RequestSpecDecodeMetrics, `per_request_spec_decode_metrics: summary`) how many verify
+steps accepted j = 0..k draft tokens and how many draft tokens it proposed. From that, for any group of requests:
+
+    tokens per verifier step  = output tokens / (output tokens - accepted)   (a step that drafted nothing counts)
+    mean acceptance length    = 1 + accepted / steps that drafted            (the bonus token included: the figure
+                                                                              SpecForge, SGLang and the published
+                                                                              Kimi drafts quote)
+    acceptance at position i  = steps that accepted more than i / steps that drafted
+
+Summed over all requests these equal the deltas of vLLM's process-wide counters (checked: `counters_agree`).
+The 95% interval is a percentile bootstrap over the set's prompts (a multi-turn prompt resampled with all of its
+turns), seeded, so it states how much the figure owes to which prompts were drawn.
+"""
+
+from typing import Any
+
+import numpy as np
+
+RESAMPLES = 2000
+
+
+def request_counts(completion: dict[str, Any]) -> dict[str, Any]:
+    """One request's output tokens, accepted draft tokens, steps that drafted and acceptance by position."""
+    spec = completion.get("spec")
+    histogram = spec["histogram"] if spec else []
+    return {
+        "tokens": len(completion["token_ids"]),
+        "accepted": sum(j * n for j, n in enumerate(histogram)),
+        "drafts": sum(histogram),
+        "draft_tokens": spec["draft_tokens"] if spec else 0,
+        "by_position": [sum(histogram[i + 1 :]) for i in range(max(len(histogram) - 1, 0))],
+    }
+
+
+def figures(units: list[list[dict[str, Any]]], speculates: bool, seed: int) -> dict[str, Any]:
+    """Figures over `units` (each prompt's completions, all of its turns), with bootstrap 95% intervals."""
+    counts = [[request_counts(c) for c in unit] for unit in units]
+    tokens = np.array([sum(c["tokens"] for c in unit) for unit in counts], dtype=np.float64)
+    accepted = np.array([sum(c["accepted"] for c in unit) for unit in counts], dtype=np.float64)
+    drafts = np.array([sum(c["drafts"] for c in unit) for unit in counts], dtype=np.float64)
+    width = max((len(c["by_position"]) for unit in counts for c in unit), default=0)
+    by_position = np.zeros(width)
+    for unit in counts:
+        for c in unit:
+            by_position[: len(c["by_position"])] += c["by_position"]
+    total_drafts = int(drafts.sum())
+    result = {
+        "prompts": len(units),
+        "completions": sum(len(unit) for unit in units),
+        "output_tokens": int(tokens.sum()),
+        "accepted_tokens": int(accepted.sum()),
+        "verifier_steps": int(tokens.sum() - accepted.sum()),
+        "num_drafts": total_drafts,
+        "num_draft_tokens": sum(c["draft_tokens"] for unit in counts for c in unit),
+        "tokens_per_step": _round(_tokens_per_step(tokens.sum(), accepted.sum())),
+        "tokens_per_step_ci95": None,
+        "mean_acceptance_length": _round(1 + accepted.sum() / total_drafts) if speculates and total_drafts else None,
+        "mean_acceptance_length_ci95": None,
+        "acceptance_by_position": [_round(n / total_drafts) for n in by_position] if total_drafts else [],
+    }
+    if speculates and len(units) > 1:
+        picks = np.random.default_rng(seed).integers(0, len(units), size=(RESAMPLES, len(units)))
+        sampled_tokens, sampled_accepted, sampled_drafts = (
+            tokens[picks].sum(1),
+            accepted[picks].sum(1),
+            drafts[picks].sum(1),
+        )
+        result["tokens_per_step_ci95"] = _interval(_tokens_per_step(sampled_tokens, sampled_accepted))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lengths = np.where(sampled_drafts > 0, 1 + sampled_accepted / sampled_drafts, np.nan)
+        if total_drafts:
+            result["mean_acceptance_length_ci95"] = _interval(lengths)
+    return result
+
+
+def counters_agree(completions: list[dict[str, Any]], counters: dict[str, Any]) -> bool:
+    """Whether the per-request summaries add up to vLLM's own counters over the same batches."""
+    counts = [request_counts(c) for c in completions]
+    by_position = [
+        sum(c["by_position"][i] for c in counts if i < len(c["by_position"]))
+        for i in range(len(counters["accepted_per_position"]))
+    ]
+    return (
+        sum(c["accepted"] for c in counts) == counters["num_accepted_tokens"]
+        and sum(c["drafts"] for c in counts) == counters["num_drafts"]
+        and sum(c["draft_tokens"] for c in counts) == counters["num_draft_tokens"]
+        and by_position == list(counters["accepted_per_position"])
+    )
+
+
+def _tokens_per_step(tokens, accepted):
+    return tokens / np.maximum(tokens - accepted, 1)
+
+
+def _interval(values: np.ndarray) -> list[float] | None:
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return None
+    low, high = np.percentile(values, [2.5, 97.5])
+    return [_round(low), _round(high)]
+
+
+def _round(value: float) -> float:
+    return round(float(value), 4)

