@@ -292,7 +292,7 @@ def check_servers_match_in_process(root: Path, scratch: Path) -> None:
         assert headline["lossless_greedy"] == "8/8" and served["lossless"]["exact_expected"] is False
         assert served["offline_estimate"] == in_process["offline_estimate"]
         # The benchmarks too, turn by turn after the plain server's greedy answers: the same tokens as in-process.
-        assert list(served["benchmarks"]) == list(in_process["benchmarks"]) == ["mt-bench", "humaneval"]
+        assert list(served["benchmarks"]) == list(in_process["benchmarks"]) == ["humaneval", "mt-bench"]
         for name, entry in served["benchmarks"].items():
             here = {(r["method"], r["k"], r["temperature"]): r for r in in_process["benchmarks"][name]["results"]}
             for result in entry["results"]:

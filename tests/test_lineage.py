@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 
 from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
+from eagle3.hashing import sha256_file
 from eagle3.publish import licenses, model_card
 from eagle3.publish.dvc_graph import require_report_covers
 
@@ -123,6 +124,12 @@ DVC_YAML = {
             "params": ["prepare"],
             "outs": ["data/prepared"],
         },
+        "benchmarks": {
+            "cmd": "python -m eagle3.cli benchmarks",
+            "deps": ["prompts/bench.jsonl", "data/prepared"],
+            "params": ["benchmarks"],
+            "outs": ["data/benchmarks"],
+        },
         "export": {
             "cmd": "python tools/stand_ins.py export",
             "deps": ["tools/stand_ins.py", "fixture/draft_config.json", "models/verifier", "data/prepared"],
@@ -146,6 +153,7 @@ DVC_YAML = {
                 "prompts",
                 "models/verifier",
                 "data/prepared",
+                "data/benchmarks",
                 "models/draft/config.json",
                 "models/draft/model.safetensors",
                 "metrics/eval.json",
@@ -161,6 +169,7 @@ DVC_YAML = {
 }
 DOWNSTREAM_OF_PROMPTS = {
     "data/prepared",
+    "data/benchmarks",
     "models/draft/config.json",
     "models/draft/model.safetensors",
     "metrics/eval.json",
@@ -214,6 +223,16 @@ def _params(
         "sources": [{"kind": "local", "name": "tiny", "path": "prompts/tiny.jsonl", "license": dataset_license}],
         "heldout_rows": 2,
     }
+    params["benchmarks"] = {
+        "sets": [
+            {
+                "name": "bench",
+                "source": {"kind": "local", "path": "prompts/bench.jsonl"},
+                "license": "mit",
+                "format": "question",
+            }
+        ]
+    }
     params["report"] = report or {}
     write_params(root, params)
 
@@ -229,6 +248,7 @@ def _project(tmp_path: Path, verifier_license="apache-2.0", dataset_license="apa
         {"messages": [{"role": "user", "content": f"Question number {i}: what is {i} squared?"}]} for i in range(6, 12)
     ]
     (root / "prompts/tiny.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (root / "prompts/bench.jsonl").write_text('{"question": "What is 2 + 2?"}\n{"question": "Name a colour."}\n')
     (root / "tools").mkdir()
     (root / "tools/stand_ins.py").write_text(STAND_INS)
     (root / "fixture").mkdir()
@@ -267,7 +287,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
             "draft_repo": "example-org/Kimi-K2.5-EAGLE3",
         },
     )
-    ran_stages(_run(root, "dvc", "repro").stdout, root, {"verifier", "prepare", "export", "evaluate", "report"})
+    ran_stages(_run(root, "dvc", "repro").stdout, root, {"verifier", "prepare", "benchmarks", "export", "evaluate", "report"})
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     lineage = _lineage(root)
 
@@ -286,7 +306,11 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
         "models/draft/model.safetensors",
         "models/verifier",
     ]
-    assert lineage["order"] == ["verifier", "prepare", "export", "evaluate"]
+    assert lineage["order"] == ["verifier", "prepare", "benchmarks", "export", "evaluate"]
+    (benchmark,) = lineage["inputs"]["benchmarks"]
+    bench_sha256 = sha256_file(root / "prompts/bench.jsonl")
+    assert (benchmark["name"], benchmark["license"], benchmark["prompts"]) == ("bench", "mit", 2)
+    assert benchmark["source"] == {"kind": "local", "path": "prompts/bench.jsonl", "sha256": bench_sha256}
     assert lineage["sources"]["prompts/tiny.jsonl"]["used_by"] == ["prepare"]
     assert lineage["stages"]["prepare"]["params"]["params.yaml"]["prepare"]["heldout_rows"] == 2
     assert lineage["code"]["commit"] == _run(root, "git", "rev-parse", "HEAD").stdout.strip()
@@ -321,6 +345,10 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
         """'{"method": "eagle3", "model": "example-org/Kimi-K2.5-EAGLE3", "num_speculative_tokens": 3}'"""
     ) in card
     assert "| eagle3 | 3 | 0.0 | 2 | 100 | 1.84 | 2.10 | 0.60, 0.40, 0.20 |" in card
+    assert "| heldout | 2 (2) | 0.0 | 2.10 | 1.84 | 1.27 | 3 |" in card
+    assert f"| bench | `prompts/bench.jsonl` | `{bench_sha256}` | mit | 0 | 2 / 2 |" in card
+    assert "Measured with in-process vllm 0.0.2 engines (cpu)" in card
+    assert f"| `bench` | `prompts/bench.jsonl` | mit | `{bench_sha256}` | 2 | 0 | 2 |" in markdown
     assert "names Kimi-K2.5" in card and lineage["card"]["sha256"] in (root / "reports/lineage.json").read_text()
 
     # The verifier's absolute path outside the project is reduced to its name everywhere.
@@ -348,7 +376,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     # One byte of one input: exactly the artifacts downstream of it get a new lineage.
     prompts = root / "prompts/tiny.jsonl"
     prompts.write_bytes(prompts.read_bytes().replace(b"number 7", b"number 8", 1))
-    ran_stages(_run(root, "dvc", "repro").stdout, root, {"prepare", "export", "evaluate", "report"})
+    ran_stages(_run(root, "dvc", "repro").stdout, root, {"prepare", "benchmarks", "export", "evaluate", "report"})
     changed = _lineage(root)
     assert {
         path for path in lineage["artifacts"] if lineage["artifacts"][path] != changed["artifacts"][path]
@@ -370,8 +398,9 @@ def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
     card_path.write_text(card_path.read_text().replace('"heldout": 2', '"heldout": 3', 1))
 
     checked = eagle3(root, "lineage", "--check", check=False)
-    assert checked.returncode == 2 and "lineage check: 3 problem(s)" in checked.stderr
+    assert checked.returncode == 2 and "lineage check: 4 problem(s)" in checked.stderr
     assert sorted(checked.stdout.splitlines()) == [
+        "dirty: stage benchmarks: dep data/prepared modified",
         "dirty: stage export: dep data/prepared modified",
         "dirty: stage prepare: out data/prepared modified",
         "dirty: stage report: dep data/prepared modified",

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.chat.benchmark_prompts import ask_turn_by_turn
-from eagle3.engines.vllm_env import import_vllm, prepare_environment, start_engine
+from eagle3.engines.vllm_env import import_vllm, on_cpu_build, prepare_environment, start_engine
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
 
@@ -196,6 +196,9 @@ def _child(request_path: Path, result_path: Path) -> None:
         speculative_config=speculation.vllm_config() if speculation else None,
         # Each request's own acceptance (eagle3/engines/acceptance.py): figures per benchmark and per prompt.
         **({"per_request_spec_decode_metrics": "summary"} if speculation else {}),
+        # vLLM-CPU: a prompt prefilled in pieces makes the runner rewind its seeded sampler, which CPU generators
+        # cannot do ("CPU Generator does not use offset"); whole prefills only. GPUs keep chunked prefill.
+        **({"enable_chunked_prefill": False} if on_cpu_build() else {}),
     )
     from vllm.v1.sample import rejection_sampler
 

