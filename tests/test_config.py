@@ -47,8 +47,8 @@ LOCAL_VERIFIER = {"kind": "local", "path": "/models/x", "name": "org/x"}
 INVALID = [
     (
         lambda p: {**p, "trian": {"lr": 1}},
-        "params.yaml: trian: unknown key (allowed: verifier, prepare, generate, extract, vocab, train, export, "
-        "evaluate, report)",
+        "params.yaml: trian: unknown key (allowed: verifier, prepare, benchmarks, generate, extract, vocab, train, "
+        "export, evaluate, report)",
     ),
     (
         lambda p: _set(p, "prepare.heldout_row", 3),
@@ -247,8 +247,8 @@ def test_invalid_params_name_the_key(tmp_path, mutate, message):
         ("prepare:\n  seed: 1\n  seed: 2\n", ":3: invalid YAML: duplicate key 'seed'"),
         (
             "- just\n- a list\n",
-            ": expected a mapping of sections (verifier, prepare, generate, extract, vocab, train, export, evaluate, "
-            "report), got list",
+            ": expected a mapping of sections (verifier, prepare, benchmarks, generate, extract, vocab, train, export, "
+            "evaluate, report), got list",
         ),
     ],
 )

@@ -287,7 +287,8 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
             "draft_repo": "example-org/Kimi-K2.5-EAGLE3",
         },
     )
-    ran_stages(_run(root, "dvc", "repro").stdout, root, {"verifier", "prepare", "benchmarks", "export", "evaluate", "report"})
+    every_stage = {"verifier", "prepare", "benchmarks", "export", "evaluate", "report"}
+    ran_stages(_run(root, "dvc", "repro").stdout, root, every_stage)
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     lineage = _lineage(root)
 
