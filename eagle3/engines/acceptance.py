@@ -1,8 +1,9 @@
 """The evaluation's figures from each request's own acceptance, per prompt set and category, with confidence
 intervals.
 
-vLLM reports per request (RequestSpecDecodeMetrics, `per_request_spec_decode_metrics: summary`) how many verify
-steps accepted j = 0..k draft tokens and how many draft tokens it proposed. From that, for any group of requests:
+vLLM reports per request (RequestSpecDecodeMetrics, `per_request_spec_decode_metrics: detailed`) how many verify
+steps accepted j = 0..k draft tokens, how many draft tokens it proposed and each step's accepted count. From
+that, for any group of requests:
 
     tokens per verifier step  = output tokens / (output tokens - accepted)   (a step that drafted nothing counts)
     mean acceptance length    = 1 + accepted / steps that drafted            (the bonus token included: the figure
@@ -10,7 +11,9 @@ steps accepted j = 0..k draft tokens and how many draft tokens it proposed. From
                                                                               Kimi drafts quote)
     acceptance at position i  = steps that accepted more than i / steps that drafted
 
-Summed over all requests these equal the deltas of vLLM's process-wide counters (checked: `counters_agree`).
+vLLM's own counts, summed over all requests, equal the deltas of its process-wide counters (checked:
+`counters_agree`); the figures leave out the drafts vLLM counts as accepted past the end of an answer
+(`request_counts`).
 The 95% interval is a percentile bootstrap over the set's prompts (a multi-turn prompt resampled with all of its
 turns), seeded, so it states how much the figure owes to which prompts were drawn.
 """
@@ -23,15 +26,40 @@ RESAMPLES = 2000
 
 
 def request_counts(completion: dict[str, Any]) -> dict[str, Any]:
-    """One request's output tokens, accepted draft tokens, steps that drafted and acceptance by position."""
+    """One request's output tokens, accepted draft tokens, steps that drafted and acceptance by position.
+
+    vLLM counts a verify step's accepted drafts before it trims the step's tokens at the end of the answer (EOS,
+    max_tokens), so its count can exceed what was output. The first token comes from the prompt's prefill and
+    each verify step outputs its accepted tokens plus one, so accepted <= tokens - 1 - steps that drafted; the
+    excess is removed from the last steps' highest positions (exactly, where vLLM gave each step's count: the
+    engines; otherwise from the highest positions counted). `raw_*` keep vLLM's own counts, which its
+    process-wide counters match."""
     spec = completion.get("spec")
+    tokens = len(completion["token_ids"])
     histogram = spec["histogram"] if spec else []
+    raw_accepted = sum(j * n for j, n in enumerate(histogram))
+    drafts = sum(histogram)
+    raw_by_position = [sum(histogram[i + 1 :]) for i in range(max(len(histogram) - 1, 0))]
+    excess = max(raw_accepted - max(tokens - 1 - drafts, 0), 0)
+    by_position = list(raw_by_position)
+    steps = list((spec or {}).get("steps") or [])
+    while excess and steps:
+        last = steps.pop()
+        for position in range(last - 1, max(last - 1 - excess, -1), -1):
+            by_position[position] -= 1
+        excess -= min(excess, last)
+    for position in range(len(by_position) - 1, -1, -1):
+        taken = min(excess, by_position[position])
+        by_position[position] -= taken
+        excess -= taken
     return {
-        "tokens": len(completion["token_ids"]),
-        "accepted": sum(j * n for j, n in enumerate(histogram)),
-        "drafts": sum(histogram),
+        "tokens": tokens,
+        "accepted": sum(by_position),
+        "drafts": drafts,
         "draft_tokens": spec["draft_tokens"] if spec else 0,
-        "by_position": [sum(histogram[i + 1 :]) for i in range(max(len(histogram) - 1, 0))],
+        "by_position": by_position,
+        "raw_accepted": raw_accepted,
+        "raw_by_position": raw_by_position,
     }
 
 
@@ -77,17 +105,17 @@ def figures(units: list[list[dict[str, Any]]], speculates: bool, seed: int) -> d
 
 
 def counters_agree(completions: list[dict[str, Any]], counters: dict[str, Any]) -> bool:
-    """Whether the per-request summaries add up to vLLM's own counters over the same batches."""
+    """Whether the per-request records add up to vLLM's own counters over the same batches (vLLM's counts, before
+    the trim `request_counts` applies)."""
     counts = [request_counts(c) for c in completions]
-    by_position = [
-        sum(c["by_position"][i] for c in counts if i < len(c["by_position"]))
-        for i in range(len(counters["accepted_per_position"]))
-    ]
+    reported = list(counters["accepted_per_position"])
+    width = max([len(reported)] + [len(c["raw_by_position"]) for c in counts])
+    by_position = [sum(c["raw_by_position"][i] for c in counts if i < len(c["raw_by_position"])) for i in range(width)]
     return (
-        sum(c["accepted"] for c in counts) == counters["num_accepted_tokens"]
+        sum(c["raw_accepted"] for c in counts) == counters["num_accepted_tokens"]
         and sum(c["drafts"] for c in counts) == counters["num_drafts"]
         and sum(c["draft_tokens"] for c in counts) == counters["num_draft_tokens"]
-        and by_position == list(counters["accepted_per_position"])
+        and by_position == reported + [0] * (width - len(reported))
     )
 
 

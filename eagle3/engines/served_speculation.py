@@ -4,7 +4,7 @@ The hero run's verifier takes many minutes to load on 8 GPUs, and users already 
 `vllm serve`. This module measures such servers exactly as eagle3/engines/speculative.py measures an in-process
 engine: each server gets the held-out prompts (all at once, up to `concurrency` in flight) with the same sampling,
 its completions come back with their token ids (`return_token_ids`) and, from a server started with
-`--per-request-spec-decode-metrics summary`, each request's own acceptance (`metrics.speculative_decoding`), from
+`--per-request-spec-decode-metrics detailed`, each request's own acceptance (`metrics.speculative_decoding`), from
 which the figures per benchmark and their confidence intervals are computed. The deltas of the server's own
 Prometheus counters (GET /metrics) taken around those requests check that nobody else used it:
 
@@ -270,7 +270,14 @@ class ServerClient:
                     problem = f"{type(exc).__name__}: {exc}".rstrip(": ")
                 else:
                     if response.status_code == 200:
-                        return self._completion(response.json())
+                        try:
+                            payload = response.json()
+                        except ValueError:
+                            raise Eagle3Error(
+                                f"evaluate: {self.served.url} ({self.served.label}) answered HTTP 200 with a body that "
+                                f"is not JSON: {response.text[:200]!r}"
+                            ) from None
+                        return self._completion(payload)
                     if response.status_code != 429 and response.status_code < 500:
                         raise Eagle3Error(
                             f"evaluate: {self.served.url} ({self.served.label}) rejected a prompt: HTTP "
@@ -284,23 +291,38 @@ class ServerClient:
             f"row (last: {problem})"
         )
 
-    def _completion(self, payload: dict[str, Any]) -> dict[str, Any]:
-        choice = payload["choices"][0]
+    def _completion(self, payload: Any) -> dict[str, Any]:
+        """Token ids, text and (speculating servers) the request's own acceptance of one chat completion."""
+        where = f"evaluate: {self.served.url} ({self.served.label})"
+        choices = payload.get("choices") if isinstance(payload, dict) else None
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        if choice is None:
+            raise Eagle3Error(f"{where} returned a completion without choices; is it an OpenAI-compatible vLLM server?")
         token_ids = choice.get("token_ids")
-        if not isinstance(token_ids, list):
+        if not isinstance(token_ids, list) or not all(isinstance(t, int) for t in token_ids):
             raise Eagle3Error(
-                f"evaluate: {self.served.url} returned no token ids (return_token_ids needs vLLM >= 0.10.2); "
-                "upgrade the server"
+                f"{where} returned no token ids (return_token_ids needs vLLM >= 0.10.2); upgrade the server"
             )
-        text = (choice.get("message") or {}).get("content") or ""
+        message = choice.get("message")
+        text = (message.get("content") if isinstance(message, dict) else None) or ""
         if self.served.method == "none":
             return {"token_ids": token_ids, "text": text, "spec": None}
-        summary = (payload.get("metrics") or {}).get("speculative_decoding")
-        histogram = summary.get("acceptance_histogram") if isinstance(summary, dict) else None
-        drafted = summary.get("num_draft_tokens") if isinstance(summary, dict) else None
-        if not isinstance(histogram, list) or not all(isinstance(n, int) for n in histogram + [drafted]):
+        metrics = payload.get("metrics")
+        summary = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        summary = summary if isinstance(summary, dict) else {}
+        histogram, drafted, steps = (
+            summary.get(key) for key in ("acceptance_histogram", "num_draft_tokens", "per_step_accepted")
+        )
+        numbers = [histogram, steps]
+        if not all(isinstance(v, list) and all(isinstance(n, int) and n >= 0 for n in v) for v in numbers) or not (
+            isinstance(drafted, int) and len(histogram) == (self.served.k or 0) + 1
+        ):
             raise Eagle3Error(
-                f"evaluate: {self.served.url} ({self.served.label}) returned no per-request acceptance "
-                "(metrics.speculative_decoding): start it with --per-request-spec-decode-metrics summary (vLLM >= 0.32)"
+                f"{where} returned no per-request acceptance for k={self.served.k} (metrics.speculative_decoding with "
+                "per_step_accepted): start it with --per-request-spec-decode-metrics detailed (vLLM >= 0.32)"
             )
-        return {"token_ids": token_ids, "text": text, "spec": {"histogram": histogram, "draft_tokens": drafted}}
+        return {
+            "token_ids": token_ids,
+            "text": text,
+            "spec": {"histogram": histogram, "draft_tokens": drafted, "steps": steps},
+        }

