@@ -7,6 +7,7 @@ the inputs' hashes, the format version). A rerun with the same key keeps the fin
 empties the directory first, so pieces made with different settings are never mixed.
 """
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -30,19 +31,28 @@ class Resumed(NamedTuple):
 
 def resume_or_reset(out: Path, settings: dict[str, Any]) -> Resumed:
     """Prepare a resumable output directory: keep its finished files if they were made with the same settings,
-    else empty it. Unfinished writes (*.partial) are always removed."""
-    key = run_key(settings)
-    run_file = out / RUN_FILE
-    kept = run_file.is_file() and json.loads(run_file.read_text(encoding="utf-8")).get("key") == key
-    if not kept:
-        if out.exists():
-            shutil.rmtree(out)
-        write_json(run_file, {"key": key, "settings": settings})
-    for partial in out.rglob("*.partial"):
-        if partial.is_dir():
-            shutil.rmtree(partial)
-        else:
-            partial.unlink()
+    else empty it. Unfinished writes (*.partial) are always removed.
+
+    Ranks that share the directory (`--rank R --world-size W`) start together: an exclusive lock beside it
+    (`.<name>.lock`) lets one of them decide and write run.json while the others wait, then find it kept."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            key = run_key(settings)
+            run_file = out / RUN_FILE
+            kept = run_file.is_file() and json.loads(run_file.read_text(encoding="utf-8")).get("key") == key
+            if not kept:
+                if out.exists():
+                    shutil.rmtree(out)
+                write_json(run_file, {"key": key, "settings": settings})
+            for partial in out.rglob("*.partial"):
+                if partial.is_dir():
+                    shutil.rmtree(partial)
+                else:
+                    partial.unlink()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
     return Resumed(key, kept)
 
 

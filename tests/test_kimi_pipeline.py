@@ -29,7 +29,7 @@ from conftest import REPO, eagle3, make_project, ran_stages, write_params
 pytestmark = pytest.mark.slow
 
 KIMI_PARAMS = REPO / "tests" / "kimi" / "params.yaml"
-STAGES = {"verifier", "prepare", "generate", "extract", "vocab", "train", "export", "evaluate", "report"}
+STAGES = {"verifier", "prepare", "benchmarks", "generate", "extract", "vocab", "train", "export", "evaluate", "report"}
 
 
 def kimi_params() -> dict:
