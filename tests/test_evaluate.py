@@ -6,6 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3.errors import Eagle3Error
+from eagle3.params.evaluate import EvaluateParams
+from eagle3.publish.evaluation_plots import write_plots
 from eagle3.stages.evaluate import heldout_prompts
 
 
@@ -148,3 +150,37 @@ def test_offline_estimate_memory_does_not_grow_with_tokens_times_vocabulary():
     small, large = peak_kib(2048), peak_kib(16384)
     assert large - small < 64 * 1024, (small, large)  # KiB: full logits would add 1.8 GB
     assert large < 400 * 1024
+
+
+def test_sampled_runs_only_at_the_headline_k_unless_every_k_is_asked():
+    config = EvaluateParams(num_speculative_tokens=[1, 3, 5], headline_k=3, temperature=0.7)
+    assert [config.temperatures(k) for k in (None, 1, 3, 5)] == [(0.0, 0.7), (0.0,), (0.0, 0.7), (0.0,)]
+    every = EvaluateParams(num_speculative_tokens=[1, 3, 5], headline_k=3, temperature=0.9, sampled_at="every_k")
+    assert [every.temperatures(k) for k in (None, 1, 3, 5)] == [(0.0, 0.9)] * 4
+
+
+def test_plots_leave_unmeasured_sampled_runs_empty_and_show_positions_at_a_k_measured_both_ways(tmp_path):
+    config = EvaluateParams(num_speculative_tokens=[1, 3, 5], headline_k=3, temperature=0.7)
+
+    def run(method, k, temperature, tokens_per_step):
+        return {
+            "method": method,
+            "k": k,
+            "temperature": temperature,
+            "tokens_per_step": tokens_per_step,
+            "acceptance_by_position": [round(0.5 - 0.1 * i - temperature / 10, 2) for i in range(k)],
+        }
+
+    runs = [run(m, k, 0.0, 1 + k / 10 + (m == "eagle3")) for m in ("eagle3", "ngram") for k in (1, 3, 5)]
+    runs += [run("eagle3", 3, 0.7, 1.25), run("ngram", 3, 0.7, 1.05)]
+    write_plots(tmp_path, runs, config)
+    table = (tmp_path / "metrics/eval/tokens_per_step.csv").read_text().splitlines()
+    assert table == [
+        "k,eagle3_greedy,ngram_greedy,eagle3_sampled,ngram_sampled",
+        "1,2.1,1.1,,",
+        "3,2.3,1.3,1.25,1.05",
+        "5,2.5,1.5,,",
+    ]
+    positions = (tmp_path / "metrics/eval/acceptance_by_position.csv").read_text().splitlines()
+    assert positions == ["position,greedy,sampled", "0,0.5,0.43", "1,0.4,0.33", "2,0.3,0.23"]
+    assert (tmp_path / "reports/eval.png").stat().st_size > 0

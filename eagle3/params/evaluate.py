@@ -81,8 +81,11 @@ class EvaluateParams(Section):
     num_speculative_tokens: list[PositiveInt] = Field([1, 3, 5], min_length=1)
     # The k whose greedy figures are the headline (metrics, model card) and at which the offline estimate runs.
     headline_k: PositiveInt = 3
-    # Every run is greedy and at this temperature.
+    # Every configuration runs greedy; the sampled runs at this temperature.
     temperature: float = Field(0.7, gt=0)
+    # Where the sampled runs happen: headline_k (the k sweep is greedy; on CPU the sampled runs at the other ks
+    # were ~30% of the stage's time) or every_k. `none` runs sampled either way: the sampled runs' speed baseline.
+    sampled_at: Literal["headline_k", "every_k"] = "headline_k"
     max_tokens: PositiveInt = 256
     # Held-out prompts used (their first user turn); null: all of them.
     max_prompts: PositiveInt | None = None
@@ -122,6 +125,12 @@ class EvaluateParams(Section):
                 f"headline_k {self.headline_k} must be one of num_speculative_tokens {self.num_speculative_tokens}"
             )
         return self
+
+    def temperatures(self, k: int | None) -> tuple[float, ...]:
+        """What configuration (method, k) runs at: greedy first, then `temperature` where `sampled_at` puts it."""
+        if self.sampled_at == "every_k" or k is None or k == self.headline_k:
+            return (0.0, self.temperature)
+        return (0.0,)
 
     def configurations(self) -> list[tuple[str, int | None]]:
         """(method, k) of every measured configuration, the reference (none) first."""

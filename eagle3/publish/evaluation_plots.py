@@ -61,7 +61,8 @@ def write_plots(root: Path, runs: list[dict[str, Any]], config: EvaluateParams) 
         values = [figure_at(m, k, t) for t in temperatures for m in ("eagle3", "ngram")]
         lines.append(",".join([str(k)] + ["" if v is None else str(v) for v in values]))
     write_text(out / "tokens_per_step.csv", "\n".join(lines) + "\n")
-    top = max(r["k"] for r in runs if r["method"] == "eagle3")
+    # The largest k measured both ways (evaluate.sampled_at: every k, or only the headline k).
+    top = max(r["k"] for r in runs if r["method"] == "eagle3" and r["temperature"] == config.temperature)
     greedy, sampled = pick_run(runs, "eagle3", top, 0.0), pick_run(runs, "eagle3", top, config.temperature)
     lines = ["position,greedy,sampled"] + [
         f"{i},{g},{s}"

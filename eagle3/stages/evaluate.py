@@ -1,7 +1,8 @@
 """Stage `evaluate`: what users judge a draft by, measured inside vLLM on held-out prompts.
 
-Configurations, all on the same prompts, greedy and at `evaluate.temperature`: the verifier alone (`none`, the
-lossless reference); the exported draft (`eagle3`) and vLLM's `ngram` proposer (the baseline to beat) at each k.
+Configurations, all on the same prompts: the verifier alone (`none`, the lossless reference); the exported draft
+(`eagle3`) and vLLM's `ngram` proposer (the baseline to beat) at each k. Each runs greedy, and at
+`evaluate.temperature` where `evaluate.sampled_at` says (`none` always, the headline k by default).
 Two backends measure them alike: `engines` starts a fresh in-process vLLM engine per configuration
 (eagle3/engines/speculative.py; `evaluate.methods` x `num_speculative_tokens` choose which, so a GPU user can run
 exactly one), `servers` sends the prompts to running `vllm serve` endpoints labelled with what each serves and reads
@@ -192,11 +193,12 @@ def run(params: Params, root: Path, options=None) -> None:
             + (f" k={k}" if k else "")
             + f" on {turns} turns of {len(conversations)} prompts in {len(sets)} sets{measurer.where(method, k)}"
         )
-        greedy, sampled = measurer.measure(method, k, conversations, answers)
+        outcomes = measurer.measure(method, k, conversations, answers, config.temperatures(k))
+        greedy = outcomes[0]
         if method == "none":
             reference = {(c["conversation"], c["turn"]): c["token_ids"] for c in greedy["completions"]}
             answers = _answers(conversations, greedy["completions"])
-        for outcome, compared in ((greedy, reference), (sampled, None)):
+        for outcome, compared in zip(outcomes, [reference] + [None] * (len(outcomes) - 1), strict=True):
             units = _units(sets, outcome["completions"])
             runs.append(
                 _run_record(summarize(method, k, outcome, units["heldout"], compared, config.seed), outcome, method, k)
@@ -353,8 +355,11 @@ class EngineMeasurer:
     def where(self, method: str, k: int | None) -> str:
         return " (VLLM_MLA_DISABLE=1)" if self.engine.disable_mla else ""
 
-    def measure(self, method: str, k: int | None, conversations: list[dict[str, Any]], answers) -> tuple[dict, dict]:
-        """Greedy and sampled runs over every conversation, turn by turn (after `answers`, or its own greedy ones)."""
+    def measure(
+        self, method: str, k: int | None, conversations: list[dict[str, Any]], answers, temperatures: tuple[float, ...]
+    ) -> list[dict[str, Any]]:
+        """One run per temperature (greedy first) over every conversation, turn by turn (after `answers`, or its
+        own greedy ones)."""
         config = self.config
         speculation = None
         if method == "eagle3":
@@ -366,10 +371,7 @@ class EngineMeasurer:
                 prompt_lookup_min=config.ngram.prompt_lookup_min,
                 prompt_lookup_max=config.ngram.prompt_lookup_max,
             )
-        samplings = [
-            Sampling(0.0, config.max_tokens, config.seed),
-            Sampling(config.temperature, config.max_tokens, config.seed),
-        ]
+        samplings = [Sampling(temperature, config.max_tokens, config.seed) for temperature in temperatures]
         request = Request(
             self.engine,
             speculation,
@@ -378,10 +380,10 @@ class EngineMeasurer:
             later_turns=[c["later"] for c in conversations],
             answers=answers,
         )
-        greedy, sampled = run_engine(request)
-        self.repaired |= sampled["repaired_token_expansion"]
-        self.environment = sampled["environment"]
-        return greedy, sampled
+        outcomes = run_engine(request)
+        self.repaired |= any(o["repaired_token_expansion"] for o in outcomes)
+        self.environment = outcomes[-1]["environment"]
+        return outcomes
 
 
 class ServerMeasurer:
@@ -412,21 +414,22 @@ class ServerMeasurer:
     def where(self, method: str, k: int | None) -> str:
         return f" at {self.clients[(method, k)].served.root}"
 
-    def measure(self, method: str, k: int | None, conversations: list[dict[str, Any]], answers) -> tuple[dict, dict]:
+    def measure(
+        self, method: str, k: int | None, conversations: list[dict[str, Any]], answers, temperatures: tuple[float, ...]
+    ) -> list[dict[str, Any]]:
         """As EngineMeasurer.measure, on the server labelled (method, k)."""
         client, config = self.clients[(method, k)], self.config
-        temperatures = (0.0, config.temperature)
 
         def ask(messages, number):
             batch = client.measure(messages, temperatures[number], config.max_tokens, config.seed)
             return batch["completions"], batch["counters"], batch["seconds"]
 
         results = ask_turn_by_turn(
-            [c["first"] for c in conversations], [c["later"] for c in conversations], answers, 2, ask
+            [c["first"] for c in conversations], [c["later"] for c in conversations], answers, len(temperatures), ask
         )
         for temperature, result in zip(temperatures, results, strict=True):
             result.update(
                 sampling={"temperature": temperature, "max_tokens": config.max_tokens, "seed": config.seed},
                 repaired_token_expansion=False,
             )
-        return results[0], results[1]
+        return results
