@@ -2,6 +2,7 @@
 (Longer than most modules: one hand computation per section of the plan.)"""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -120,7 +121,32 @@ def test_seed_case_kimi(tmp_path):
     assert plan["recommendation"] == "B" and not c["implemented"]
     assert b["budget"] == {"usd": "below", "hours": "below"}
 
-    disk, decision, budget = plan["answer"]
+    # Largest run: B and C are bound by the 18 h (their $900 would buy 22.5 h), A by the 3 TB here.
+    per_b = 16384 * (4 / LINK + 1 / EXTRACT_B200 + 4 / TRAIN_B200)  # rented seconds per sample
+    per_c = 16384 * (4 / LINK + 4 / EXTRACT_B200 + 4 / TRAIN_B200)  # the verifier's forward in every epoch
+    largest = plan["largest_runs"]
+    assert largest["A"]["samples"] == 3927 and largest["A"]["bounded_by"] == "disk here"
+    assert largest["A"]["disk_there_bytes"] == pytest.approx(
+        (3927 * 16384 * 57_344 / 1.476 + TENSORS + CHECKPOINTS) * 1.2
+    )
+    assert largest["B"]["limits"] == {
+        "budget usd": math.floor((900 / USD_PER_S - 1200) / per_b),
+        "budget hours": math.floor((18 * 3600 - 1200) / per_b),  # 85,653
+        "disk here": math.floor(3e12 / 1.2 / (4 * 16384)),
+    }
+    assert largest["B"]["bounded_by"] == "budget hours" and largest["B"]["samples"] == 85_653
+    assert largest["C"]["samples"] == math.floor((18 * 3600 - 1200) / per_c) == 43_696
+    assert largest["B"]["disk_there_bytes"] == pytest.approx(
+        (600e9 + CHECKPOINTS + 85_653 * 16384 * (4 + 57_344 / 1.476)) * 1.2
+    )
+
+    disk, decision, budget, most = plan["answer"]
+    assert most == (
+        "Largest run within the given budgets and disks, in samples of this length: A 3,927 (disk here; the rented "
+        "machine's disk then needs 3.05 TB), B 85,653 (budget hours; the rented machine's disk then needs 66.20 TB), "
+        "C 43,696 (budget hours; the rented machine's disk then needs 772.7 GB; estimate only, not implemented)."
+    )
+    assert largest["C"]["disk_there_bytes"] == pytest.approx((600e9 + CHECKPOINTS + 43_696 * 16384 * 4) * 1.2)
     assert disk.startswith("Disk: the rented machine needs 3.06 TB to extract there (B), or 2.35 TB")
     assert "here A needs 2.29 TB of 3 TB" in disk and "hardlink" in disk
     assert decision.startswith(

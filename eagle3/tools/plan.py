@@ -59,6 +59,13 @@ here_usd_per_hour, 0 for an owned machine)
     C  rented = weights / weights_link + text / link + epochs * tokens / extract_there + train   (estimate only)
     cost = rented * machine_usd_per_h  (+ for A: tokens / extract_here * here_usd_per_hour)
 
+Largest run (per scenario: every term above is linear in samples, so each scenario's cost, rented time and disk
+are f(N) = f(0) + N * (f(samples) - f(0)) / samples, f(0) its fixed part: the weights fetched, the tensors)
+    by budget_usd       = floor((budget_usd.high - cost(0)) / cost per sample)
+    by budget_hours     = floor((budget_hours.high * 3600 - rented(0)) / rented seconds per sample)
+    by disk here/there  = largest samples that fit (above)
+    samples             = the smallest of those given, bounded_by naming it; the disk each machine then needs
+
 Break-even between A and B (training is the same in both and cancels):
     cost_A(N) = F_A + N * a,  F_A = train_tensors / weights_link * P,  a = stored_per_token / link * P + here_usd_tok
     cost_B(N) = F_B + N * b,  F_B = weights / weights_link * P,  b = (text_per_token / link + 1 / extract_there) * P
@@ -69,7 +76,7 @@ Break-even between A and B (training is the same in both and cancels):
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 
 from eagle3.tools.plan_memory import TrainMemory, compute_train_memory
@@ -351,6 +358,54 @@ def recommend(scenarios: Scenarios) -> str | None:
 
 
 @dataclass(frozen=True)
+class LargestRun:
+    samples: int | None  # None: nothing given bounds it
+    bounded_by: str | None  # "budget usd" | "budget hours" | "disk here" | "disk there"
+    limits: dict[str, int]  # the largest samples each given limit allows
+    disk_here_bytes: float | None  # what each machine's disk then needs
+    disk_there_bytes: float | None
+
+
+@dataclass(frozen=True)
+class LargestRuns:
+    A: LargestRun
+    B: LargestRun
+    C: LargestRun
+
+
+def _samples_within(limit: float, fixed: float, per_sample: float) -> int | None:
+    if per_sample <= 0:
+        return None
+    return max(0, math.floor((limit - fixed) / per_sample))
+
+
+def compute_largest_runs(inputs: Inputs, scenarios: Scenarios, rates: Rates) -> LargestRuns:
+    """Largest run: per scenario, the most samples of this length the budgets and disks allow, and which binds."""
+    empty = replace(inputs, samples=0)
+    at_zero = compute_scenarios(empty, compute_sizes(empty, inputs.compression_ratio), rates)
+
+    def largest(key: str) -> LargestRun:
+        now, fixed = getattr(scenarios, key), getattr(at_zero, key)
+        limits: dict[str, int | None] = {}
+        if inputs.budget_usd is not None:
+            per_sample = (now.cost_usd - fixed.cost_usd) / inputs.samples
+            limits["budget usd"] = _samples_within(inputs.budget_usd.high, fixed.cost_usd, per_sample)
+        if inputs.budget_hours is not None:
+            per_sample = (now.rented_s - fixed.rented_s) / inputs.samples
+            limits["budget hours"] = _samples_within(inputs.budget_hours.high * 3600, fixed.rented_s, per_sample)
+        limits |= {f"disk {side}": need.largest_samples for side, need in now.disk.sides()}
+        given = {name: samples for name, samples in limits.items() if samples is not None}
+        if not given:
+            return LargestRun(None, None, {}, None, None)
+        bound = min(given, key=given.__getitem__)
+        most = replace(inputs, samples=given[bound])
+        disk = compute_disk(most, compute_sizes(most, inputs.compression_ratio))[key]
+        return LargestRun(given[bound], bound, given, disk.here.bytes, disk.there.bytes)
+
+    return LargestRuns(*(largest(key) for key in ("A", "B", "C")))
+
+
+@dataclass(frozen=True)
 class BreakEven:
     tokens: float | None
     samples: float | None
@@ -430,6 +485,7 @@ class Plan:
     rates: Rates
     scenarios: Scenarios
     recommendation: str | None
+    largest_runs: LargestRuns
     break_even_a_vs_b: BreakEven
     storage_options: list[StorageOption]
     train_memory: TrainMemory
@@ -447,6 +503,7 @@ def compute(inputs: Inputs) -> Plan:
         rates=rates,
         scenarios=scenarios,
         recommendation=recommend(scenarios),
+        largest_runs=compute_largest_runs(inputs, scenarios, rates),
         break_even_a_vs_b=compute_break_even(inputs, sizes, rates),
         storage_options=[
             compute_storage_option(inputs, rates, storage, ratio) for storage, ratio in inputs.storage_ratios.items()

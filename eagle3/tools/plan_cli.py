@@ -154,7 +154,29 @@ def _budget_words(budget: Budget, unit: str) -> str:
     return f"{unit}{budget.low:g}-{budget.high:g}"
 
 
+def _largest_words(plan: Plan) -> str | None:
+    """Per scenario, the largest run the given budgets and disks allow and what bounds it; None where none is given."""
+    parts = []
+    for key, scenario in plan.scenarios.items():
+        run = getattr(plan.largest_runs, key)
+        if run.samples is None:
+            continue
+        text = f"{key} {run.samples:,} ({run.bounded_by}"
+        if "disk there" not in run.limits:
+            text += f"; the rented machine's disk then needs {size(run.disk_there_bytes)}"
+        parts.append(text + (")" if scenario.implemented else "; estimate only, not implemented)"))
+    if not parts:
+        return None
+    return "Largest run within the given budgets and disks, in samples of this length: " + ", ".join(parts) + "."
+
+
 def answer(plan: Plan) -> list[str]:
+    """The plan in words: the decision, then the largest run each layout allows where a budget or disk is given."""
+    largest = _largest_words(plan)
+    return _decision(plan) + ([largest] if largest else [])
+
+
+def _decision(plan: Plan) -> list[str]:
     """The two questions answered in words (disk; extract there or ship), then the budget check where one is given."""
     inputs, a, b = plan.inputs, plan.scenarios.A, plan.scenarios.B
     link = plan.rates.link_bytes_per_s * 8 / 1e9
