@@ -198,9 +198,16 @@ class ScenarioDisk:
 
 def largest_samples(disk_tb: float | None, headroom: float, fixed: float, per_sample: float) -> int | None:
     """Samples of the planned length that fit `disk_tb`; None where there is no limit to check."""
-    if disk_tb is None or per_sample <= 0:
+    if disk_tb is None:
         return None
-    return max(0, math.floor((disk_tb * TB / (1 + headroom) - fixed) / per_sample))
+    return samples_within(disk_tb * TB / (1 + headroom), fixed, per_sample)
+
+
+def samples_within(limit: float, fixed: float, per_sample: float) -> int | None:
+    """The most samples with `fixed + samples * per_sample <= limit`; None where samples cost nothing of it."""
+    if per_sample <= 0:
+        return None
+    return max(0, math.floor((limit - fixed) / per_sample))
 
 
 def _disk_need(inputs: Inputs, machine: Machine, fixed: float, per_sample: float) -> DiskNeed:
@@ -373,12 +380,6 @@ class LargestRuns:
     C: LargestRun
 
 
-def _samples_within(limit: float, fixed: float, per_sample: float) -> int | None:
-    if per_sample <= 0:
-        return None
-    return max(0, math.floor((limit - fixed) / per_sample))
-
-
 def compute_largest_runs(inputs: Inputs, scenarios: Scenarios, rates: Rates) -> LargestRuns:
     """Largest run: per scenario, the most samples of this length the budgets and disks allow, and which binds."""
     empty = replace(inputs, samples=0)
@@ -389,10 +390,10 @@ def compute_largest_runs(inputs: Inputs, scenarios: Scenarios, rates: Rates) -> 
         limits: dict[str, int | None] = {}
         if inputs.budget_usd is not None:
             per_sample = (now.cost_usd - fixed.cost_usd) / inputs.samples
-            limits["budget usd"] = _samples_within(inputs.budget_usd.high, fixed.cost_usd, per_sample)
+            limits["budget usd"] = samples_within(inputs.budget_usd.high, fixed.cost_usd, per_sample)
         if inputs.budget_hours is not None:
             per_sample = (now.rented_s - fixed.rented_s) / inputs.samples
-            limits["budget hours"] = _samples_within(inputs.budget_hours.high * 3600, fixed.rented_s, per_sample)
+            limits["budget hours"] = samples_within(inputs.budget_hours.high * 3600, fixed.rented_s, per_sample)
         limits |= {f"disk {side}": need.largest_samples for side, need in now.disk.sides()}
         given = {name: samples for name, samples in limits.items() if samples is not None}
         if not given:
