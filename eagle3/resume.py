@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from eagle3.files import write_json
+from eagle3.files import remove_unheld, write_json
 from eagle3.paths import LAST_RUN_DIR
 
 RUN_FILE = "run.json"
@@ -31,7 +31,8 @@ class Resumed(NamedTuple):
 
 def resume_or_reset(out: Path, settings: dict[str, Any]) -> Resumed:
     """Prepare a resumable output directory: keep its finished files if they were made with the same settings,
-    else empty it. Unfinished writes (*.partial) are always removed.
+    else empty it. Unfinished writes (*.partial) are removed unless a live writer holds them (a rank that started
+    earlier, eagle3/files.py).
 
     Ranks that share the directory (`--rank R --world-size W`) start together: an exclusive lock beside it
     (`.<name>.lock`) lets one of them decide and write run.json while the others wait, then find it kept."""
@@ -47,10 +48,7 @@ def resume_or_reset(out: Path, settings: dict[str, Any]) -> Resumed:
                     shutil.rmtree(out)
                 write_json(run_file, {"key": key, "settings": settings})
             for partial in out.rglob("*.partial"):
-                if partial.is_dir():
-                    shutil.rmtree(partial)
-                else:
-                    partial.unlink()
+                remove_unheld(partial)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return Resumed(key, kept)

@@ -84,7 +84,7 @@ import xxhash
 import zstandard
 
 from eagle3.errors import Eagle3Error
-from eagle3.files import partial_path, read_json, write_json
+from eagle3.files import open_held, partial_path, read_json, write_json
 from eagle3.formats.shard_checks import (
     RECORD_HEAD,
     REEXTRACT,
@@ -259,7 +259,7 @@ class ShardWriter:
             raise ValueError(f"storage {meta.storage!r}: expected one of {', '.join(STORAGES)}")
         self.path, self.meta, self.level = Path(path), meta, level
         self.partial = partial_path(self.path)
-        self.handle = open(self.partial, "wb")
+        self.handle = open_held(self.partial)  # other ranks' cleanups leave it alone
         codec = {
             "aux": STORAGES[meta.storage].aux,
             "final": STORAGES[meta.storage].final,
@@ -314,14 +314,14 @@ class ShardWriter:
         self.handle.write(index + _FOOTER.pack(self.offset, len(index), xxhash.xxh3_64_intdigest(index), END_MAGIC))
         self.handle.flush()
         os.fsync(self.handle.fileno())
-        self.handle.close()
         os.replace(self.partial, self.path)
+        self.handle.close()
         return self.path
 
     def abort(self) -> None:
         self.pool.shutdown(cancel_futures=True)
-        self.handle.close()
         self.partial.unlink(missing_ok=True)
+        self.handle.close()
 
     def __enter__(self) -> "ShardWriter":
         return self
