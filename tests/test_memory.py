@@ -78,6 +78,17 @@ def test_recompute_settings_order_and_fsdp_divides_the_persistent_part(small):
     assert fsdp.gathered == single.weights and fsdp.frozen == single.frozen and fsdp.step == single.step
 
 
+def test_longest_within_is_the_longest_length_the_estimate_fits_from_any_start():
+    estimator = Estimator(draft_config_for(SMALL, 300), TTT, "float32")
+    length = 700
+    limit = estimator.memory(length, "mlp").total
+    # One token more does not fit, so the search must land on exactly this length from every start.
+    assert estimator.memory(length + 1, "mlp").total > limit
+    for near in (16, length, 4096):
+        assert estimator.longest_within(limit, "mlp", near) == length, near
+    assert estimator.longest_within(estimator.memory(TTT + 2, "off").total - 1, "off", length) == 0
+
+
 def test_kimi_k2_5_at_16k_tokens_and_7_ttt_steps_fits_the_issue_bounds():
     estimator = Estimator(draft_config_for(KIMI_K2_5_TEXT_CONFIG, 32000), 7)
     config = estimator.config

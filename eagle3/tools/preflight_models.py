@@ -180,14 +180,10 @@ def measure_training(context: Context, item: Item) -> None:
     )
     run_tokens = tokens
     if memory is not None and estimates[recompute] > memory:
-        longest = {}
-        for setting in ("off", "mlp", "full"):
-            short, long = (estimator.memory(n, setting).total for n in (tokens // 4, tokens // 2))
-            per_token = (long - short) / (tokens // 2 - tokens // 4)
-            longest[setting] = max(0, int((memory - (short - per_token * (tokens // 4))) / per_token))
+        longest = {setting: estimator.longest_within(memory, setting, tokens) for setting in ("off", "mlp", "full")}
         item.figures["longest_sample_tokens"] = longest
         item.how["longest_sample_tokens"] = (
-            "estimated: the fake-tensor memory line of each setting at the device's memory"
+            "estimated: the longest sample whose fake-tensor step of each setting fits the device's memory"
         )
         run_tokens = longest[recompute]
         if run_tokens <= params.train.ttt_steps + 1:

@@ -208,6 +208,32 @@ class Estimator:
         batch, step = self.step_bytes(tokens, recompute, rows)
         return self.split(tokens, recompute, batch, step, processes, sharding)
 
+    def longest_within(self, limit: int, recompute: str, near: int) -> int:
+        """The longest sample (tokens) whose step fits in `limit` bytes, 0 if none does. The peak is monotone in
+        length but not a straight line (which tensors meet at the peak changes with length and precision), so this
+        searches the estimate itself: from `near` (a length to start at), doubling or halving to a bracket, then
+        bisecting it."""
+
+        def fits(tokens: int) -> bool:
+            return self.memory(tokens, recompute).total <= limit
+
+        shortest = self.ttt_steps + 2  # a shorter sample has no position that every TTT step counts
+        if not fits(shortest):
+            return 0
+        start = max(shortest, near)
+        if fits(start):
+            fitting, beyond = start, start * 2
+            while fits(beyond):
+                fitting, beyond = beyond, beyond * 2
+        else:
+            fitting, beyond = max(shortest, start // 2), start
+            while not fits(fitting):
+                fitting, beyond = max(shortest, fitting // 2), fitting
+        while beyond - fitting > 1:
+            middle = (fitting + beyond) // 2
+            fitting, beyond = (middle, beyond) if fits(middle) else (fitting, middle)
+        return fitting
+
     def split(self, tokens: int, recompute: str, batch: int, step: int, processes: int, sharding: str) -> StepMemory:
         """The parts one of `processes` holds, from one measured step (the same for every process count)."""
         weights, optimizer = _bytes(self.parameters), _bytes(self.states)
