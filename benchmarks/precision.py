@@ -26,6 +26,7 @@ from eagle3.params.generate import GenerateParams
 from eagle3.precision import cpu_numerics, engine_device_type, resolve
 from eagle3.stages.train import build
 from eagle3.training.data import BatchPlan, Collate
+from eagle3.training.distributed import Dist
 from eagle3.training.objective import init_draft, make_objective, make_optimizer
 
 from training_loop import timed_steps
@@ -76,9 +77,10 @@ def generation_rates(root: Path, prompts: int, max_tokens: int, rounds: int) -> 
 
 
 def training_step_seconds(root: Path, steps: int, rounds: int) -> tuple[dict[str, float], str]:
-    params = load_params(root / "params.yaml").train
+    whole = load_params(root / "params.yaml")
+    params = whole.train
     provenance = read_provenance(root)
-    draft_config, dataset, vocab = build(root, params, provenance)
+    draft_config, dataset, vocab = build(root, whole, provenance, Dist())
     verifier = load_verifier_tensors(verifier_dir(root))
     plan = list(BatchPlan(dataset.lengths, params.batch_size, 1, params.seed))[:steps]
     collate = Collate.for_draft(draft_config)

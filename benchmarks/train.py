@@ -16,8 +16,9 @@ import torch
 from eagle3.config import load_params
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import read_provenance, verifier_dir
-from eagle3.stages.train import build
+from eagle3.stages.train import build, first_states
 from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
+from eagle3.training.distributed import Dist
 from eagle3.training.objective import init_draft, make_objective, make_optimizer, training_precision
 
 from training_loop import timed_steps
@@ -31,13 +32,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="DataLoader worker processes")
     args = parser.parse_args()
     root = args.root.resolve()
-    config = load_params(root / "params.yaml").train
+    whole = load_params(root / "params.yaml")
+    config = whole.train
     provenance = read_provenance(root)
-    draft_config, dataset, vocab = build(root, config, provenance)
+    draft_config, dataset, vocab = build(root, whole, provenance, Dist())
     collate = Collate.for_draft(draft_config)
     verifier = load_verifier_tensors(verifier_dir(root))
     initial = init_draft(draft_config, verifier, vocab["d2t"], config.seed)
-    initial.aux_scale.copy_(measure_aux_scale(dataset, len(draft_config.aux_layer_ids)))
+    initial.aux_scale.copy_(measure_aux_scale(first_states(dataset), len(draft_config.aux_layer_ids)))
     lengths = dataset.lengths
     plan = list(BatchPlan(lengths, config.batch_size, config.epochs, config.seed))[: args.steps]
 

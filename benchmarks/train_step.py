@@ -16,12 +16,14 @@ from pathlib import Path
 
 import torch
 
+from eagle3.chat.sequence_plan import load_tokenizer, synthetic_parts
 from eagle3.config import load_params
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import read_provenance, verifier_dir
 from eagle3.stages.train import build
 from eagle3.stages.vocab import count_tokens, mapping, select
 from eagle3.training.data import BatchPlan, Collate
+from eagle3.training.distributed import Dist
 from eagle3.training.objective import init_draft, make_objective, make_optimizer, training_precision
 
 from training_loop import timed_steps
@@ -35,11 +37,13 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, nargs="+", default=[8192, 4096], help="draft vocab sizes")
     args = parser.parse_args()
     root = args.root.resolve()
-    config = load_params(root / "params.yaml").train
+    whole = load_params(root / "params.yaml")
+    config = whole.train
     provenance = read_provenance(root)
-    draft_config, dataset, _ = build(root, config, provenance)
+    draft_config, dataset, _ = build(root, whole, provenance, Dist())
     collate = Collate.for_draft(draft_config)
-    token_counts = count_tokens(root, "train", provenance.vocab_size)
+    parts, tokenizer = synthetic_parts(root, ["train"]), load_tokenizer(root, provenance)
+    token_counts = count_tokens(root, parts, tokenizer, whole.extract.max_seq_len, provenance.vocab_size)
     verifier = load_verifier_tensors(verifier_dir(root))
     plan = list(BatchPlan(dataset.lengths, config.batch_size, 1, config.seed))[: args.steps]
     batches = [collate([dataset[i] for i in indices]) for indices in plan]

@@ -8,6 +8,8 @@ result is discarded, so no stage output depends on it and it is deliberately not
 
 from pathlib import Path
 
+from pydantic import model_validator
+
 from eagle3.params.base import Section
 from eagle3.params.benchmarks import BenchmarksParams
 from eagle3.params.evaluate import EvaluateParams
@@ -33,6 +35,15 @@ class Params(Section):
     export: ExportParams = ExportParams()
     evaluate: EvaluateParams = EvaluateParams()
     report: ReportParams = ReportParams()
+
+    @model_validator(mode="after")
+    def _streamed_training_stores_no_training_states(self) -> "Params":
+        if self.train.hidden_states == "streamed" and "train" in self.extract.splits:
+            raise ValueError(
+                "extract.splits: train.hidden_states is streamed, so training computes the training split's states "
+                "itself; set extract.splits to [heldout] so extract does not store them too"
+            )
+        return self
 
 
 def load_params(path: Path | str = "params.yaml") -> Params:

@@ -35,6 +35,8 @@ VOCAB_FILE = VOCAB_DIR / "vocab.safetensors"
 
 # train
 CHECKPOINT_DIR = Path("checkpoints")
+# A streamed run's token layout of the training split (train.hidden_states: streamed); never an output.
+STREAM_DIR = Path(".eagle3/stream")
 
 # export
 DRAFT_DIR = Path("models/draft")

@@ -17,7 +17,7 @@ PROJECT_FILES = ("dvc.yaml", "stages", "eagle3", "data/prompts", ".dvc/config", 
 # `make test` runs the suite on pytest-xdist workers, each taking whole files. The files sharing the session's
 # regenerated and trained project (the fixtures below) go to one worker together, which builds it once; the
 # longest files start first, so that no long file starts last.
-SHARED_PROJECT_FILES = ("test_generate.py", "test_train.py", "test_preflight.py")
+SHARED_PROJECT_FILES = ("test_generate.py", "test_train.py", "test_streamed.py", "test_preflight.py")
 LONGEST_FIRST = (
     *SHARED_PROJECT_FILES,
     "test_pipeline.py",
@@ -37,6 +37,9 @@ def pytest_collection_modifyitems(items):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
+
+    # xdist otherwise hands out scopes by test count, most first: the long single-test files would start last.
+    config.option.loadscopereorder = False
 
     class SharedProjectScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

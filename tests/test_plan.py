@@ -108,7 +108,8 @@ def test_seed_case_kimi(tmp_path):
     assert a["disk"]["there"]["bytes"] == pytest.approx((STORED + TENSORS + CHECKPOINTS) * 1.2)  # 2.35 TB
     assert a["disk"]["here"]["bytes"] == pytest.approx((STORED + TEXT) * 1.2)  # 2.29 TB
     assert b["disk"]["there"]["bytes"] == pytest.approx((600e9 + TEXT + STORED + CHECKPOINTS) * 1.2)  # 3.06 TB
-    assert c["disk"]["there"]["bytes"] == pytest.approx((600e9 + TEXT + CHECKPOINTS) * 1.2)
+    # Streamed (C): no states on disk, only the buffer (--stream-buffer-gb, 64 GB by default).
+    assert c["disk"]["there"]["bytes"] == pytest.approx((600e9 + TEXT + CHECKPOINTS + 64e9) * 1.2)
     # Here is the 3 TB volume: (3e12 / 1.2) / ((57,344 / 1.476 + 4) x 16,384) = 3,927 samples fit for A.
     assert a["disk"]["here"]["fits"] and a["disk"]["here"]["largest_samples"] == 3927
     assert a["disk"]["there"]["budget_tb"] is None and a["disk"]["there"]["largest_samples"] is None
@@ -118,7 +119,7 @@ def test_seed_case_kimi(tmp_path):
     tokens = (600e9 - TENSORS) / LINK * USD_PER_S / (per_a - per_b)
     assert plan["break_even_a_vs_b"]["tokens"] == pytest.approx(tokens)
     assert 1149 < plan["break_even_a_vs_b"]["samples"] < 1151
-    assert plan["recommendation"] == "B" and not c["implemented"]
+    assert plan["recommendation"] == "B" and c["feasible"]
     assert b["budget"] == {"usd": "below", "hours": "below"}
 
     # Largest run: B and C are bound by the 18 h (their $900 would buy 22.5 h), A by the 3 TB here.
@@ -144,13 +145,17 @@ def test_seed_case_kimi(tmp_path):
     assert most == (
         "Largest run within the given budgets and disks, in samples of this length: A 3,927 (disk here; the rented "
         "machine's disk then needs 3.05 TB), B 85,653 (budget hours; the rented machine's disk then needs 66.20 TB), "
-        "C 43,696 (budget hours; the rented machine's disk then needs 772.7 GB; estimate only, not implemented)."
+        "C 43,696 (budget hours; the rented machine's disk then needs 849.5 GB)."
     )
-    assert largest["C"]["disk_there_bytes"] == pytest.approx((600e9 + CHECKPOINTS + 43_696 * 16384 * 4) * 1.2)
-    assert disk.startswith("Disk: the rented machine needs 3.06 TB to extract there (B), or 2.35 TB")
+    assert largest["C"]["disk_there_bytes"] == pytest.approx((600e9 + CHECKPOINTS + 64e9 + 43_696 * 16384 * 4) * 1.2)
+    assert disk.startswith(
+        "Disk: the rented machine needs 3.06 TB to extract there (B), 2.35 TB to receive shipped hidden states (A), "
+        "or 846.3 GB to stream them (C, 64 GB of buffer)"
+    )
     assert "here A needs 2.29 TB of 3 TB" in disk and "hardlink" in disk
     assert decision.startswith(
-        "Extract on the rented machine (B): 57 min rented, $38 (ship 1.91 TB over 4.00 Gbit/s (A): 1.5 h, $59)"
+        "Extract on the rented machine (B): 57 min rented, $38 (ship 1.91 TB over 4.00 Gbit/s (A): 1.5 h, $59; "
+        "stream there (C): 1.5 h, $62); between A and B, shipping is cheaper below 1,150 samples"
     )
     assert "shipping is cheaper below 1,150 samples of this length" in decision
     assert budget == "Budget (B, training included): $38 is below $180-900; 0.95 h is below 6-18 h."
@@ -303,6 +308,7 @@ def test_every_formula_against_hand_computation(tmp_path):
         "--here-disk-tb": "0.001",
         "--budget-usd": "0.5",
         "--budget-hours": "0.01-1",
+        "--stream-buffer-gb": "1",
     }
     plan = _plan(tmp_path, *(part for pair in flags.items() for part in pair))
     assert plan["inputs"]["verifier"]["hidden_size"] == 1000 and plan["verifier_weights_bytes"] == 1e10
@@ -337,7 +343,7 @@ def test_every_formula_against_hand_computation(tmp_path):
     assert a["disk"]["there"]["bytes"] == pytest.approx((4e8 * 2 + 2e7 + 5.52e8 * 2) * 1.25)
     assert a["disk"]["here"]["bytes"] == pytest.approx((4e8 + 4e5) * 2 * 1.25)
     assert b["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 4e8 + 5.52e8) * 2) * 1.25)
-    assert c["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 5.52e8) * 2) * 1.25)
+    assert c["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 5.52e8) * 2 + 1e9) * 1.25)
     assert b["disk"]["here"]["bytes"] == c["disk"]["here"]["bytes"] == pytest.approx(4e5 * 2 * 1.25)
     # Largest samples: (2e10 / 1.25 - fixed) / per sample, a sample being 1000 x (4000 B of states + 4 B of text) x 2.
     assert a["disk"]["there"]["largest_samples"] == (16e9 - 2e7 - 1.104e9) // 8e6 == 1859
@@ -354,14 +360,15 @@ def test_every_formula_against_hand_computation(tmp_path):
     assert plan["answer"][1].startswith("Extract on the rented machine (B)")
     assert plan["answer"][1].startswith(
         "Extract on the rented machine (B): 2 min rented, $0.37 (ship 400.0 MB over 4.00 Gbit/s (A) is ruled out: "
-        "needs 1.0 GB here, more than its 1.0 GB); shipping is cheaper below"
+        "needs 1.0 GB here, more than its 1.0 GB; stream there (C): 2 min, $0.37); between A and B, shipping is "
+        "cheaper below"
     )
     assert plan["answer"][2] == (
         "Budget (B, training included): $0.37 is inside the budget of $0.5; 0.031 h is inside 0.01-1 h."
     )
 
 
-def test_disk_limits_rule_layouts_out_and_online_is_never_recommended(tmp_path):
+def test_disk_limits_rule_layouts_out_down_to_streaming(tmp_path):
     _metrics(tmp_path)
     # B needs 3.06 TB there, A 2.35 TB: on a 2.5 TB rented disk only A remains, though it costs more.
     small = _plan(tmp_path, *SEED, "--disk-tb", "2.5")
@@ -373,11 +380,20 @@ def test_disk_limits_rule_layouts_out_and_online_is_never_recommended(tmp_path):
     assert small["scenarios"]["B"]["disk"]["there"]["largest_samples"] == int(
         (2.5e12 / 1.2 - fixed) // ((57_344 / 1.476 + 4) * 16_384)
     )
-    # On a 1 TB rented disk only online training fits; it is not implemented, so nothing is recommended.
+    # On a 1 TB rented disk only streaming fits (846 GB: weights, text, checkpoints and its 64 GB buffer).
     tiny = _plan(tmp_path, *SEED, "--disk-tb", "1")
-    assert tiny["scenarios"]["C"]["feasible"] and tiny["recommendation"] is None
-    assert tiny["answer"][1].startswith("Neither layout works with these inputs: A: needs 2.35 TB there")
-    assert "samples of this length fit there" in tiny["answer"][1]
+    assert tiny["scenarios"]["C"]["feasible"] and tiny["recommendation"] == "C"
+    assert tiny["answer"][1].startswith(
+        "Stream the hidden states on the rented machine, storing none (C, train.hidden_states: streamed): 1.5 h "
+        "rented, $62 (ship 1.91 TB over 4.00 Gbit/s (A) is ruled out: needs 2.35 TB there, more than its 1.00 TB; "
+        "extract there (B) is ruled out: needs 3.06 TB there, more than its 1.00 TB)"
+    )
+    # With a buffer that does not fit either, nothing does, and the answer says how many samples would.
+    none = _plan(tmp_path, *SEED, "--disk-tb", "1", "--stream-buffer-gb", "300")
+    assert none["recommendation"] is None
+    assert none["answer"][1].startswith("No layout works with these inputs: A: needs 2.35 TB there")
+    assert "C: needs 1.13 TB there, more than its 1.00 TB (at most 0 samples" in none["answer"][1]
+    assert "samples of this length fit there" in none["answer"][1]
     # At 400 Gbit/s shipping a token's states is cheaper than extracting it there: no break-even, A wins.
     fast = _plan(tmp_path, *SEED, "--link-gbit", "400")
     assert fast["break_even_a_vs_b"]["tokens"] is None and fast["recommendation"] == "A"

@@ -98,6 +98,8 @@ def describe_error(error: dict, root: type[BaseModel]) -> str:
     message = error["msg"].removeprefix("Value error, ")
     if message[1:2].islower():  # "Input should be" -> "input should be", but keep "URL ..."
         message = message[0].lower() + message[1:]
+    if not loc:  # a rule across sections names its own keys
+        return message
     if kind.endswith(("_type", "_parsing")) or kind.startswith("url_") or kind == "finite_number":
         return f"{_dotted(loc)}: {message}, got {value!r}{_yaml_number_hint(value, kind)}"
     return f"{_dotted(loc)}: {message}"

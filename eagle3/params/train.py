@@ -78,6 +78,23 @@ class TrainParams(Section):
     warmup_steps: NonNegativeInt = 50
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
+    # stored: train on extract's training shards (data/hidden). streamed: the verifier computes each batch's states
+    # just before its step (eagle3/training/streamed.py), with extract's backend and settings, so the training
+    # split's states are never stored; extract.splits must then be [heldout] (the offline estimate reads those).
+    # Same sequences, same batches; the states equal stored ones within bf16 rounding.
+    hidden_states: Literal["stored", "streamed"] = "stored"
+    # streamed: at most this many GB of states computed ahead of the training (the step being trained on
+    # included), in files under stream_dir; the verifier waits while they would not fit. It must hold the
+    # largest step (with stream_phase_steps: the largest phase).
+    stream_buffer_gb: float = execution_only(2.0, gt=0)
+    # streamed: where the states wait for the trainer; null: .eagle3/stream/spool in the project. A directory on
+    # /dev/shm keeps them in memory; with several machines (train.launch.nodes) it must be shared storage.
+    stream_dir: str | None = execution_only(None)
+    # streamed: null, the verifier runs beside the trainer all along (size it with extract.vllm's
+    # gpu_memory_utilization); N, it computes N steps' states, sleeps (vLLM's sleep mode; the hf backend moves
+    # its weights to the host) while the trainer trains on them, and wakes for the next N: for GPUs that cannot
+    # hold both at once (README "Streamed hidden states").
+    stream_phase_steps: PositiveInt | None = execution_only(None)
     # bfloat16: autocast (weights and optimizer state stay fp32); auto: bfloat16 where the training device
     # computes it natively, else float32 (eagle3/precision.py). The resolved value is part of the run key.
     precision: TrainPrecision = "auto"

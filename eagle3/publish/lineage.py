@@ -42,7 +42,17 @@ from eagle3.hashing import sha256_bytes, sha256_file
 from eagle3.locked_environment import environment_differences
 from eagle3.params.export import ExportParams
 from eagle3.params.report import ReportParams
-from eagle3.paths import DRAFT_DIR, EVAL_METRICS, LINEAGE_JSON, LINEAGE_MD, MODEL_CARD, PROVENANCE, VERIFIER_DIR
+from eagle3.paths import (
+    CHECKPOINT_DIR,
+    DRAFT_DIR,
+    EVAL_METRICS,
+    HIDDEN_DIR,
+    LINEAGE_JSON,
+    LINEAGE_MD,
+    MODEL_CARD,
+    PROVENANCE,
+    VERIFIER_DIR,
+)
 from eagle3.progress import step
 from eagle3.publish import licenses, model_card
 from eagle3.publish.dvc_graph import (
@@ -222,6 +232,7 @@ def publish(config: ReportParams, export: ExportParams, root: Path) -> None:
             "unused_overrides": licenses.unused_overrides(candidates, config.license_overrides),
         },
         "evaluation": {"path": EVAL_METRICS.as_posix(), "headline": evaluation["headline"]},
+        "training_states": training_states(root, records),
         "environments": redact(artifact_environments(root, graph["artifacts"]), root),
     }
     card = model_card.render(lineage, evaluation, draft_config, config, export.num_speculative_tokens)
@@ -248,6 +259,33 @@ def publish(config: ReportParams, export: ExportParams, root: Path) -> None:
         + " -> "
         f"{', '.join(outputs)}"
     )
+
+
+def training_states(root: Path, records: dict[str, Any]) -> dict[str, Any]:
+    """How the states the draft trained on were made: stored by extract (data/hidden) or streamed by train
+    (train.hidden_states), with the layers, compute dtype and engine, from the run keys and environment records
+    of the outputs that hold them."""
+    train = records.get("train", {}).get("params", {}).get("params.yaml", {}).get("train", {})
+    streamed = train.get("hidden_states", "stored") == "streamed"
+    made_in = root / (CHECKPOINT_DIR if streamed else HIDDEN_DIR)
+    run = read_json(made_in / "run.json", "run `dvc repro` first")["settings"]
+    facts = run["streamed_states"] if streamed else {**run, "backend": run["extract"]["backend"]}
+    package = "transformers" if facts["backend"] == "hf" else "vllm"
+    versions = sorted(
+        {
+            f"{name} {version}"
+            for entry in read_environments(made_in)
+            for name, version in entry["environment"].get("packages", {}).items()
+            if name.split("-")[0] == package
+        }
+    )
+    return {
+        "mode": "streamed" if streamed else "stored",
+        "layer_ids": facts["layer_ids"],
+        "compute_dtype": facts["compute_dtype"],
+        "backend": facts["backend"],
+        "engine": versions,
+    }
 
 
 def check(root: Path) -> None:

@@ -82,6 +82,7 @@ def render_markdown(lineage: dict[str, Any]) -> str:
             f"`{benchmark_digest(source)}` | {item.get('records')} | "
             f"{item.get('contaminated')} | {item.get('prompts')} |"
         )
+    out += ["", "### Training states", "", training_states_line(lineage["training_states"])]
     out += ["", "## Pipeline", "", "```mermaid", lineage["dag_mermaid"], "```", "", "## Artifacts", ""]
     out += ["| path | made by | md5 | size | files | lineage sha256 |", "|---|---|---|---|---|---|"]
     for path, artifact in lineage["artifacts"].items():
@@ -155,3 +156,17 @@ def benchmark_source(source: dict[str, Any]) -> str:
 def benchmark_digest(source: dict[str, Any]) -> str:
     """What pins a benchmark set's content: the file's sha256, or a hub dataset's fingerprint."""
     return str(source.get("sha256") or source.get("fingerprint") or "")
+
+
+def training_states_line(states: dict[str, Any]) -> str:
+    """How the states the draft trained on were made, in one sentence (lineage and model card)."""
+    engine = ", ".join(states["engine"]) or states["backend"]
+    how = (
+        "computed during training and never stored (train.hidden_states: streamed)"
+        if states["mode"] == "streamed"
+        else "extracted once and stored as bf16 shards (stage extract)"
+    )
+    return (
+        f"Training states: the verifier's layers {states['layer_ids']} (the last is its output), computed in "
+        f"{states['compute_dtype']} by {engine}, {how}."
+    )

@@ -15,7 +15,7 @@ from eagle3.paths import DRAFT_DIR, SPECULATORS_DRAFT_DIR
 from eagle3.publish import licenses
 from eagle3.publish.environment_summary import summary
 from eagle3.publish.evaluation_plots import find_run, results_by_set
-from eagle3.publish.lineage_markdown import benchmark_digest, benchmark_source
+from eagle3.publish.lineage_markdown import benchmark_digest, benchmark_source, training_states_line
 
 TAGS = ["eagle3", "speculative-decoding", "vllm"]
 _EVAL_DATASET = {"type": "heldout", "name": "held-out prompts (data/prepared/heldout.parquet)", "split": "heldout"}
@@ -306,6 +306,8 @@ def render(
             if "generate" in lineage["order"]
             else ""
         ),
+        "",
+        training_states_line(lineage["training_states"]),
         "",
         f"Pipeline ({' → '.join(lineage['order'])}) at git commit `{lineage['code']['commit'] or 'none'}`. "
         "`reports/lineage.md` lists every artifact's md5, the command, inputs and params that made it; "

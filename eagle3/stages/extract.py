@@ -26,9 +26,7 @@ written by the run that finds every part done, as for generate).
 
 import argparse
 import contextlib
-import queue
 import shutil
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -36,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.token_layout import Sequence, layout
+from eagle3.chat.sequence_plan import Part, load_tokenizer, one_ahead, part_sequences, synthetic_parts
+from eagle3.chat.token_layout import Sequence
 from eagle3.engines.hidden_states.backends import open_capture
 from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture
 from eagle3.engines.hidden_states.batching import in_plan_order, part_batches
@@ -47,11 +46,11 @@ from eagle3.formats.extracted_parts import PartDone, is_done, read_done, write_d
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
 from eagle3.formats.shards import VERSION, ShardMeta, ShardWriter, shard_name, write_index
 from eagle3.formats.storage import STORAGES
-from eagle3.formats.synthetic import PART_PATTERN, read_part
+from eagle3.formats.synthetic import read_part
 from eagle3.hashing import sha256_file
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.extract import ExtractParams
-from eagle3.paths import EXTRACT_METRICS, HIDDEN_DIR, SYNTHETIC_DIR, SYNTHETIC_MANIFEST, VLLM_SPOOL
+from eagle3.paths import EXTRACT_METRICS, HIDDEN_DIR, SYNTHETIC_MANIFEST, VLLM_SPOOL
 from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import progress, step
 from eagle3.resume import measured_run, resume_or_reset
@@ -66,15 +65,6 @@ EXTRACTION_VERSION = 4
 
 class Params(StageParams):
     extract: ExtractParams
-
-
-@dataclass(frozen=True)
-class Part:
-    """One synthetic part: the unit of planning, resume and scale-out."""
-
-    split: str
-    index: int
-    path: Path
 
 
 @dataclass
@@ -155,9 +145,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
             f"extract: {len(todo)} of {len(parts)} parts to do (rank {ranks.rank}/{ranks.world_size}), layers "
             f"{list(meta.layer_ids)}, backend {config.backend}"
         )
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(verifier_dir(root), trust_remote_code=provenance.trust_remote_code)
+        tokenizer = load_tokenizer(root, provenance)
         backend = open_capture(
             CaptureRequest(
                 model_dir=verifier_dir(root),
@@ -223,17 +211,6 @@ def run_settings(config: ExtractParams, provenance: Provenance, meta: ShardMeta,
     }
 
 
-def synthetic_parts(root: Path, splits: list[str], manifest: dict[str, Any]) -> list[Part]:
-    parts = []
-    for split in splits:
-        for entry in manifest.get(split, []):
-            match = PART_PATTERN.match(entry["part"])
-            if match is None:
-                raise Eagle3Error(f"{root / SYNTHETIC_MANIFEST}: {entry['part']!r} is not a part name; rerun generate")
-            parts.append(Part(split, int(match[1]), root / SYNTHETIC_DIR / split / entry["part"]))
-    return parts
-
-
 def _is_done(out: Path, part: Part) -> bool:
     return is_done(out / part.split, part.index)
 
@@ -241,38 +218,7 @@ def _is_done(out: Path, part: Part) -> bool:
 def planned_parts(parts: list[Part], tokenizer: Any, config: ExtractParams, meta: ShardMeta) -> Iterator[PartPlan]:
     """The parts' plans in order, made by a background thread one part ahead of the consumer (tokenization
     overlaps the forward passes; at most two parts' plans exist at a time)."""
-    ahead: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
-    finished = object()
-
-    def offer(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                ahead.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def plan_all() -> None:
-        try:
-            for part in parts:
-                if not offer(plan_part(part, read_part(part.path), tokenizer, config, meta)):
-                    return
-            offer(finished)
-        except BaseException as exc:  # handed to the consumer, which raises it where the stage can report it
-            offer(exc)
-
-    planner = threading.Thread(target=plan_all, name="extract-planner", daemon=True)
-    planner.start()
-    try:
-        while (item := ahead.get()) is not finished:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        planner.join()
+    return one_ahead(plan_part(part, read_part(part.path), tokenizer, config, meta) for part in parts)
 
 
 def plan_part(
@@ -282,7 +228,7 @@ def plan_part(
     plan = PartPlan(part, [])
     per_token = raw_bytes_per_token(meta)
     current, size = [], 0
-    for sequence in _sequences(records, tokenizer, config, plan.counts):
+    for sequence in part_sequences(records, tokenizer, config.max_seq_len, plan.counts):
         current.append(sequence)
         size += len(sequence.input_ids) * per_token
         if size >= config.shard_raw_mb * 2**20:
@@ -291,31 +237,6 @@ def plan_part(
     if current:
         plan.shards.append(ShardPlan(part.split, part.index, len(plan.shards), current))
     return plan
-
-
-def _sequences(
-    records: Iterable[dict[str, Any]], tokenizer: Any, config: ExtractParams, counts: Counter
-) -> Iterator[Sequence]:
-    for record in records:
-        if record["status"] != "ok":
-            counts[f"skipped_{record['skip_reason']}"] += 1
-            continue
-        made = layout(
-            tokenizer,
-            record["id"],
-            record["messages"],
-            config.max_seq_len,
-            record["chat_template_kwargs"],
-            record["turns"],
-        )
-        if not made:
-            counts["skipped_empty_conversation"] += 1
-        for sequence in made:
-            counts["truncated"] += sequence.truncated
-            if not sequence.loss_mask.any():
-                counts["skipped_no_loss_tokens_after_truncation"] += 1
-                continue
-            yield sequence
 
 
 @dataclass

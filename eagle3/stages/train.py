@@ -4,7 +4,9 @@ The objective and one optimizer step are eagle3/training/objective.py; which sam
 eagle3/training/data.py; processes and devices, eagle3/training/distributed.py. This module is the loop:
 build the draft, resume from the newest checkpoint, step, log, checkpoint.
 
-Data: the training shards through HiddenStateDataset (DataLoader workers decompress in parallel). Under
+Data (`train.hidden_states`): stored, the training shards through HiddenStateDataset (DataLoader workers
+decompress in parallel); streamed, the verifier's states computed for each batch just before its step
+(eagle3/training/streamed.py), the same sequences in the same batches, nothing of them stored. Under
 torchrun (started by this stage as `train.launch` says: eagle3/training/launch.py) rank r takes every
 world_size-th sequence of each global batch and the loss is normalised by global counts, so 1 and N processes
 train the same model, with the draft replicated (DDP) or split over them (FSDP2) as `train.sharding` says.
@@ -17,6 +19,7 @@ Curves go to metrics/train/ through DVCLive.
 
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +36,12 @@ from eagle3.formats.vocab import load_vocab
 from eagle3.hashing import sha256_file
 from eagle3.modeling.draft import DraftConfig
 from eagle3.params.base import StageParams, pinned_settings
+from eagle3.params.extract import ExtractParams
 from eagle3.params.train import TrainParams
 from eagle3.paths import CHECKPOINT_DIR, HIDDEN_INDEX, VOCAB_FILE
 from eagle3.progress import Quiet, progress, step
 from eagle3.resume import resume_or_reset, run_key
-from eagle3.training.data import BatchPlan, Collate, batches, measure_aux_scale
+from eagle3.training.data import SCALE_SAMPLES, BatchPlan, Collate, batches, measure_aux_scale
 from eagle3.training.distributed import Dist, distribute, setup_distributed
 from eagle3.training.launch import launch, launcher_command
 from eagle3.training.log import Window, open_log
@@ -49,10 +53,13 @@ from eagle3.training.objective import (
     train_step,
     training_precision,
 )
+from eagle3.training.streamed import StreamedData
 
 
 class Params(StageParams):
     train: TrainParams = TrainParams()
+    # Streamed mode computes the states as extract would: its layers, sequence length, backend and dtype.
+    extract: ExtractParams
 
 
 def run(params: Params, root: Path, options=None) -> None:
@@ -62,53 +69,81 @@ def run(params: Params, root: Path, options=None) -> None:
         return
     world = setup_distributed()
     try:
-        _train(params.train, root, world)
+        _train(params, root, world)
     finally:
         world.close()
 
 
 def run_settings(
-    root: Path, config: TrainParams, draft_config: DraftConfig, provenance: Provenance, precision: str
+    root: Path, config: TrainParams, draft_config: DraftConfig, provenance: Provenance, precision: str, data: Any
 ) -> dict[str, Any]:
-    """What the checkpoints are made from (the run key's input), the resolved training precision included."""
-    return {
+    """What the checkpoints are made from (the run key's input), the resolved training precision included; `data`
+    says what the states are: the shards' index, or (streamed) what extract's settings would make them from."""
+    settings = {
         "train": pinned_settings(config),
         "precision": precision,
         "draft": draft_config.to_json(),
         "vocab_sha256": sha256_file(root / VOCAB_FILE),
-        "shards_index_sha256": sha256_file(root / HIDDEN_INDEX),
         "verifier": {**provenance.identity("name", "config_sha256"), **provenance.weights_identity()},
     }
+    if isinstance(data, StreamedData):
+        settings["streamed_states"] = data.settings
+    else:
+        settings["shards_index_sha256"] = sha256_file(root / HIDDEN_INDEX)
+    return settings
 
 
-def build(root: Path, config: TrainParams, provenance: Provenance) -> tuple[DraftConfig, HiddenStateDataset, dict]:
-    """The draft's shape, the training shards and the vocab maps {"d2t", "t2d"}."""
-    index = read_index(root)
+def build(root: Path, params: Params, provenance: Provenance, world: Dist) -> tuple[DraftConfig, Any, dict]:
+    """The draft's shape, the training data (the shards, or their streamed stand-in) and the vocab maps."""
+    config = params.train
     d2t, t2d = load_vocab(root, provenance.vocab_size)
+    if config.hidden_states == "streamed":
+        data: Any = StreamedData.open(root, params.extract, config, provenance, world)
+        layers = data.layer_ids
+    else:
+        index = read_index(root)
+        layers = tuple(index["layer_ids"])
+        if layers[-1] != provenance.num_hidden_layers:
+            raise Eagle3Error(
+                f"{root / HIDDEN_INDEX}: the last captured layer must be the final one "
+                f"({provenance.num_hidden_layers}), got {layers[-1]}; rerun `eagle3 extract`"
+            )
+        expected = {
+            "layer_ids": index["layer_ids"],
+            "hidden_size": provenance.hidden_size,
+            "tokenizer_sha256": provenance.tokenizer_sha256,
+        }
+        data = HiddenStateDataset(split_shards(root, "train"), expected, provenance.vocab_size)
     draft_config = DraftConfig.from_verifier(
-        read_config(verifier_dir(root)),
-        tuple(index["layer_ids"][:-1]),
-        len(d2t),
-        config.intermediate_size,
-        config.attention,
+        read_config(verifier_dir(root)), layers[:-1], len(d2t), config.intermediate_size, config.attention
     )
-    if index["layer_ids"][-1] != provenance.num_hidden_layers:
-        raise Eagle3Error(
-            f"{root / HIDDEN_INDEX}: the last captured layer must be the final one "
-            f"({provenance.num_hidden_layers}), got {index['layer_ids'][-1]}; rerun `eagle3 extract`"
-        )
-    expected = {
-        "layer_ids": index["layer_ids"],
-        "hidden_size": provenance.hidden_size,
-        "tokenizer_sha256": provenance.tokenizer_sha256,
-    }
-    dataset = HiddenStateDataset(split_shards(root, "train"), expected, provenance.vocab_size)
-    return draft_config, dataset, {"d2t": d2t, "t2d": t2d}
+    return draft_config, data, {"d2t": d2t, "t2d": t2d}
 
 
-def _train(config: TrainParams, root: Path, world: Dist) -> None:
+def _train(params: Params, root: Path, world: Dist) -> None:
     provenance = read_provenance(root)
-    draft_config, dataset, vocab = build(root, config, provenance)
+    draft_config, dataset, vocab = build(root, params, provenance, world)
+    try:
+        _fit(params.train, root, world, provenance, draft_config, dataset, vocab)
+    finally:
+        if isinstance(dataset, StreamedData):
+            dataset.close()
+
+
+def first_states(data: HiddenStateDataset) -> Iterable[torch.Tensor]:
+    """The stored states of the first samples, which fc's input scale is measured on."""
+    return (data[position]["hidden"] for position in range(min(SCALE_SAMPLES, len(data))))
+
+
+def _fit(
+    config: TrainParams,
+    root: Path,
+    world: Dist,
+    provenance: Provenance,
+    draft_config: DraftConfig,
+    dataset: Any,
+    vocab: dict,
+) -> None:
     if config.max_tokens_per_batch is None:
         if config.batch_size % world.size:
             raise Eagle3Error(
@@ -118,7 +153,7 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
             raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {len(dataset)} training sequences")
     out = root / CHECKPOINT_DIR
     precision = training_precision(config, world.device)
-    settings = run_settings(root, config, draft_config, provenance, precision)
+    settings = run_settings(root, config, draft_config, provenance, precision, dataset)
     environment = capture(world_size=world.size, compute_dtype=precision)
     if config.pin_environment:
         settings["environment"] = fingerprint(environment)
@@ -138,6 +173,10 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
         config.max_tokens_per_batch,
     )
     total = plan.total
+    collate = Collate.for_draft(draft_config)
+    streamed = isinstance(dataset, StreamedData)
+    if streamed:
+        dataset.check_buffer(plan, collate.layers, collate.hidden, config)
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None and read_state(checkpoint).step >= total:
         if world.main:
@@ -152,20 +191,26 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
         start = load_checkpoint(checkpoint, draft, optimizer).step
         if world.main:
             step(f"train: resuming from {checkpoint.name} ({start} of {total} steps done)")
-    else:
-        draft.aux_scale.copy_(measure_aux_scale(dataset, len(draft_config.aux_layer_ids)))
     plan.start = start
-
-    workers = data_workers(config, world)
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_sampler=plan,
-        collate_fn=Collate.for_draft(draft_config),
-        num_workers=workers,
-        prefetch_factor=4 if workers else None,
-        # Page-locked batches let the copy to the GPU run asynchronously, overlapping the previous step.
-        pin_memory=world.device.type == "cuda",
-    )
+    # Page-locked batches let the copy to the GPU run asynchronously, overlapping the previous step.
+    pinned = world.device.type == "cuda"
+    if streamed:
+        scale = dataset.start(plan, config, collate.layers, collate.hidden, fresh=checkpoint is None)
+        loader: Any = dataset.batches(plan, collate, pinned)
+    else:
+        if checkpoint is None:
+            scale = measure_aux_scale(first_states(dataset), len(draft_config.aux_layer_ids))
+        workers = data_workers(config, world)
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_sampler=plan,
+            collate_fn=collate,
+            num_workers=workers,
+            prefetch_factor=4 if workers else None,
+            pin_memory=pinned,
+        )
+    if checkpoint is None:
+        draft.aux_scale.copy_(scale)
     live = open_log(root, start if checkpoint is not None else None) if world.main else None
     window = Window(config.ttt_steps)
     # The steps up to each checkpoint it names were trained in this environment.
@@ -206,6 +251,9 @@ def _train(config: TrainParams, root: Path, world: Dist) -> None:
         live.summary["total_steps"] = total
         live.summary["train_sequences"] = len(dataset)
         live.summary["precision"] = precision
+        live.summary["hidden_states"] = config.hidden_states
+        if streamed:
+            live.summary.update(dataset.summary())
         live.make_summary()
         step(
             f"train: {total} steps, {tokens_done} padded tokens in {elapsed:.0f} s this run "

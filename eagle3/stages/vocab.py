@@ -1,7 +1,9 @@
 """Stage `vocab`: the draft's output vocabulary, from what the verifier actually says.
 
 Counts every loss-masked (assistant, reasoning included) token of the training
-shards and keeps the `draft_vocab_size` most frequent; ties go to the lower
+sequences, laid out from the synthetic data exactly as extract stores them
+(eagle3/chat/sequence_plan.py: the same tokens whether the states are stored or
+streamed), and keeps the `draft_vocab_size` most frequent; ties go to the lower
 token id, so the result depends only on the data. If the answers use fewer
 distinct tokens than that, the rest is filled with the most frequent other
 tokens of the same sequences, then by id. Draft ids are assigned in ascending
@@ -13,49 +15,47 @@ to metrics/vocab.json: it caps the achievable acceptance.
 """
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from eagle3.chat.sequence_plan import Part, load_tokenizer, split_sequences, synthetic_parts
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.provenance import read_provenance
-from eagle3.formats.shards import ShardReader, read_index, split_shards
 from eagle3.formats.vocab import save_vocab
 from eagle3.params.base import StageParams
+from eagle3.params.extract import ExtractParams
 from eagle3.params.vocab import VocabParams
-from eagle3.paths import VOCAB_DIR, VOCAB_METRICS
+from eagle3.paths import SYNTHETIC_DIR, VOCAB_METRICS
 from eagle3.progress import progress, step
 
 
 class Params(StageParams):
     vocab: VocabParams = VocabParams()
+    # The sequences are laid out as extract lays them out (extract.max_seq_len cuts them).
+    extract: ExtractParams
 
 
-def count_tokens(root: Path, split: str, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss-masked counts, all-token counts) over a split's shards, each int64 [vocab_size]. Reads only each
-    record's token ids and loss mask (checksum-verified, every id below vocab_size; the hidden states, all but a
-    few bytes per token, stay compressed) and keeps one shard file open at a time."""
+def count_tokens(root: Path, parts: list[Part], tokenizer: Any, max_seq_len: int, vocab_size: int):
+    """(loss-masked counts, all-token counts) over the parts' training sequences, each int64 [vocab_size]; a
+    token id outside the verifier's vocabulary is one error naming its sample."""
     masked = torch.zeros(vocab_size, dtype=torch.int64)
     every = torch.zeros(vocab_size, dtype=torch.int64)
-    paths = split_shards(root, split)
-    samples = sum(entry["samples"] for entry in read_index(root)["splits"][split])
     with progress() as bar:
-        task = bar.add_task("vocab (samples)", total=samples)
-        for path in paths:
-            reader = ShardReader(path, vocab_size)
-            try:
-                # One bincount per shard: a vocabulary-sized count per sample would cost more than the decoding.
-                answers, tokens = [], []
-                for position in range(len(reader)):
-                    input_ids, loss_mask = reader.read_tokens(position)
-                    answers.append(input_ids[loss_mask])
-                    tokens.append(input_ids)
-                    bar.advance(task)
-                if tokens:
-                    masked += torch.bincount(torch.cat(answers), minlength=vocab_size)
-                    every += torch.bincount(torch.cat(tokens), minlength=vocab_size)
-            finally:
-                reader.close()
+        task = bar.add_task("vocab (parts)", total=len(parts))
+        for sequences in split_sequences(parts, tokenizer, max_seq_len):
+            # One bincount per part: a vocabulary-sized count per sample would cost more than the layout.
+            for sequence in sequences:
+                if int(sequence.input_ids.max()) >= vocab_size:
+                    raise Eagle3Error(
+                        f"{root / SYNTHETIC_DIR}: sample {sequence.sample_id} has a token id >= the verifier's vocab "
+                        f"size {vocab_size}; the tokenizer does not match the verifier"
+                    )
+            if sequences:
+                masked += torch.bincount(torch.cat([s.input_ids[s.loss_mask] for s in sequences]), minlength=vocab_size)
+                every += torch.bincount(torch.cat([s.input_ids for s in sequences]), minlength=vocab_size)
+            bar.advance(task)
     return masked, every
 
 
@@ -78,15 +78,18 @@ def mapping(chosen: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.
 
 def run(params: Params, root: Path, options=None) -> None:
     config = params.vocab
-    vocab_size = read_provenance(root).vocab_size
+    provenance = read_provenance(root)
+    vocab_size = provenance.vocab_size
     if config.draft_vocab_size > vocab_size:
         raise Eagle3Error(
             f"vocab.draft_vocab_size: {config.draft_vocab_size} exceeds the verifier's vocab size {vocab_size}"
         )
-    masked, every = count_tokens(root, "train", vocab_size)
+    parts = synthetic_parts(root, ["train"])
+    tokenizer = load_tokenizer(root, provenance)
+    masked, every = count_tokens(root, parts, tokenizer, params.extract.max_seq_len, vocab_size)
     total = int(masked.sum())
     if total == 0:
-        raise Eagle3Error(f"{root / VOCAB_DIR}: the training shards hold no loss-masked tokens; check data/synthetic")
+        raise Eagle3Error(f"{root / SYNTHETIC_DIR}: the training split holds no loss-masked tokens; check generate")
     chosen = select(masked, every, config.draft_vocab_size)
     save_vocab(root, *mapping(chosen, vocab_size))
     covered = int(masked[chosen].sum())

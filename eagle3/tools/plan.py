@@ -5,8 +5,9 @@ its sections; apart, a formula could change without its spec.)
 
 Two machines: *here* (the user's own, which serves the verifier and generates the synthetic data) and *there* (the
 rented GPU machine that trains the draft), joined by a link. The plan answers: how much disk each needs, and
-whether to extract the hidden states here and ship them (A) or ship the text and extract there (B). Online training
-(C) is estimated for comparison only: this pipeline does not implement it, so it is never recommended.
+whether to extract the hidden states here and ship them (A), ship the text and extract there (B), or ship the text and
+stream the states there, storing none (C: train.hidden_states streamed, the verifier's forward pass in every epoch,
+the buffer train.stream_buffer_gb as its only disk for states).
 
 Not a DVC stage: it reads CLI flags (eagle3/tools/plan_cli.py) and, where present, the extract stage's metrics.
 Every number comes from one of the formulas below (the training memory's: eagle3/tools/plan_memory.py); README.md
@@ -37,7 +38,7 @@ stage records where a local model is without copying it)
     A there             = (stored * cache + train_tensors + checkpoints * cache) * (1 + headroom)
     B here, C here      = text * cache * (1 + headroom)
     B there             = (weights + (text + stored + checkpoints) * cache) * (1 + headroom)
-    C there             = (weights + (text + checkpoints) * cache) * (1 + headroom)
+    C there             = (weights + (text + checkpoints) * cache + stream_buffer) * (1 + headroom)
     largest samples that fit = floor((disk_tb * 1e12 / (1 + headroom) - fixed) / per_sample), where disk(samples) =
                           (fixed + samples * per_sample) * (1 + headroom) is the scenario's formula above
 
@@ -56,7 +57,8 @@ Scenarios (rented time is what the bill counts; extraction here happens before r
 here_usd_per_hour, 0 for an owned machine)
     A  rented = stored / link + train_tensors / weights_link + train
     B  rented = weights / weights_link + text / link + tokens / extract_there + train
-    C  rented = weights / weights_link + text / link + epochs * tokens / extract_there + train   (estimate only)
+    C  rented = weights / weights_link + text / link + epochs * tokens / extract_there + train
+       (the verifier and the trainer share the GPUs, so their times add)
     cost = rented * machine_usd_per_h  (+ for A: tokens / extract_here * here_usd_per_hour)
 
 Largest run (per scenario: every term above is linear in samples, so each scenario's cost, rented time and disk
@@ -227,7 +229,7 @@ def compute_disk(inputs: Inputs, sizes: Sizes) -> dict[str, ScenarioDisk]:
     terms = {
         "A": ((0.0, sample_states + sample_text), (sizes.verifier_train_tensors_bytes + checkpoints, sample_states)),
         "B": ((0.0, sample_text), (with_weights, sample_text + sample_states)),
-        "C": ((0.0, sample_text), (with_weights, sample_text)),
+        "C": ((0.0, sample_text), (with_weights + inputs.stream_buffer_gb * GB, sample_text)),
     }
     return {
         key: ScenarioDisk(_disk_need(inputs, inputs.here, *here), _disk_need(inputs, inputs.there, *there))
@@ -244,7 +246,6 @@ class BudgetVerdict:
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    implemented: bool
     rented_steps_s: dict[str, float]
     here_steps_s: dict[str, float]
     rented_s: float
@@ -283,7 +284,6 @@ def _scenario(
     here_steps: dict[str, float] | None = None,
     here_usd: float = 0.0,
     weights_there: float | None = None,
-    implemented: bool = True,
 ) -> Scenario:
     """One scenario from its steps and disk; `weights_there`: the verifier's weights where it runs on the rented
     machine's GPUs."""
@@ -302,7 +302,6 @@ def _scenario(
     cost = rented * rates.usd_per_s + here_usd
     return Scenario(
         name=name,
-        implemented=implemented,
         rented_steps_s=rented_steps,
         here_steps_s=here_steps,
         rented_s=rented,
@@ -344,7 +343,7 @@ def compute_scenarios(inputs: Inputs, sizes: Sizes, rates: Rates) -> Scenarios:
             weights_there=sizes.verifier_weights_bytes,
         ),
         C=scenario(
-            "online training, no hidden states on disk (not implemented by this pipeline: estimate only)",
+            "ship text, stream the hidden states on the rented machine (train.hidden_states: streamed)",
             disk["C"],
             {
                 "fetch_weights": fetch_weights,
@@ -353,14 +352,13 @@ def compute_scenarios(inputs: Inputs, sizes: Sizes, rates: Rates) -> Scenarios:
                 "train": train,
             },
             weights_there=sizes.verifier_weights_bytes,
-            implemented=False,
         ),
     )
 
 
 def recommend(scenarios: Scenarios) -> str | None:
-    """The cheapest feasible scenario this pipeline implements (to the cent, then the shorter rental); None if none."""
-    candidates = {key: s for key, s in scenarios.items() if s.implemented and s.feasible}
+    """The cheapest feasible scenario (to the cent, then the shorter rental); None if none."""
+    candidates = {key: s for key, s in scenarios.items() if s.feasible}
     return min(candidates, key=lambda key: (round(candidates[key].cost_usd, 2), candidates[key].rented_s), default=None)
 
 

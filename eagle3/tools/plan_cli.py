@@ -126,6 +126,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep-checkpoints", type=int, default=3, help="resumable checkpoints kept on disk (default 3)"
     )
     training.add_argument(
+        "--stream-buffer-gb",
+        type=float,
+        default=64.0,
+        help="train.stream_buffer_gb: the streamed layout's (C) only disk for states (default 64)",
+    )
+    training.add_argument(
         "--headroom", type=float, default=0.2, help="free-space margin on top of everything, fraction (default 0.2)"
     )
     training.add_argument(
@@ -157,14 +163,14 @@ def _budget_words(budget: Budget, unit: str) -> str:
 def _largest_words(plan: Plan) -> str | None:
     """Per scenario, the largest run the given budgets and disks allow and what bounds it; None where none is given."""
     parts = []
-    for key, scenario in plan.scenarios.items():
+    for key, _ in plan.scenarios.items():
         run = getattr(plan.largest_runs, key)
         if run.samples is None:
             continue
         text = f"{key} {run.samples:,} ({run.bounded_by}"
         if "disk there" not in run.limits:
             text += f"; the rented machine's disk then needs {size(run.disk_there_bytes)}"
-        parts.append(text + (")" if scenario.implemented else "; estimate only, not implemented)"))
+        parts.append(text + ")")
     if not parts:
         return None
     return "Largest run within the given budgets and disks, in samples of this length: " + ", ".join(parts) + "."
@@ -177,22 +183,26 @@ def answer(plan: Plan) -> list[str]:
 
 
 def _decision(plan: Plan) -> list[str]:
-    """The two questions answered in words (disk; extract there or ship), then the budget check where one is given."""
-    inputs, a, b = plan.inputs, plan.scenarios.A, plan.scenarios.B
+    """The two questions answered in words (disk; ship states, extract there or stream there), then the budget check
+    where one is given."""
+    inputs, scenarios = plan.inputs, dict(plan.scenarios.items())
+    a, b, c = scenarios["A"], scenarios["B"], scenarios["C"]
     link = plan.rates.link_bytes_per_s * 8 / 1e9
     lines = [
-        f"Disk: the rented machine needs {_disk_words(b.disk.there)} to extract there (B), or "
-        f"{_disk_words(a.disk.there)} to receive shipped hidden states (A); here A needs {_disk_words(a.disk.here)} "
+        f"Disk: the rented machine needs {_disk_words(b.disk.there)} to extract there (B), "
+        f"{_disk_words(a.disk.there)} to receive shipped hidden states (A), or {_disk_words(c.disk.there)} to "
+        f"stream them (C, {inputs.stream_buffer_gb:g} GB of buffer); here A needs {_disk_words(a.disk.here)} "
         f"(DVC cache link {inputs.cache_link}, +{inputs.headroom:.0%} headroom)."
     ]
     best, even = plan.recommendation, plan.break_even_a_vs_b
     if even.samples is not None:
         trade = (
-            f"shipping is cheaper below {even.samples:,.0f} samples of this length "
+            f"between A and B, shipping is cheaper below {even.samples:,.0f} samples of this length "
             f"({size(even.stored_bytes)} stored), extracting there above"
         )
     else:
-        trade = f"{'shipping' if even.meaning.startswith('A') else 'extracting there'} is cheaper at any size"
+        cheaper = "shipping" if even.meaning.startswith("A") else "extracting there"
+        trade = f"between A and B, {cheaper} is cheaper at any size"
     ship = f"ship {size(plan.sizes.hidden_states.stored_bytes)} over {link:.2f} Gbit/s"
     if best is None:
         limits = "; ".join(
@@ -202,18 +212,25 @@ def _decision(plan: Plan) -> list[str]:
                 for side, need in s.disk.sides()
                 if not need.fits
             )
-            for key, s in (("A", a), ("B", b))
+            for key, s in scenarios.items()
         )
-        lines.append(f"Neither layout works with these inputs: {limits}.")
+        lines.append(f"No layout works with these inputs: {limits}.")
         return lines
-    chosen, other = (b, a) if best == "B" else (a, b)
-    verb = "Extract on the rented machine (B)" if best == "B" else f"Extract here and {ship} (A)"
-    alternative = f"{ship} (A)" if best == "B" else "extract there (B)"
-    if other.feasible:
-        versus = f"{alternative}: {duration(other.rented_s)}, {dollars(other.cost_usd)}"
-    else:
-        versus = f"{alternative} is ruled out: {', '.join(other.problems)}"
-    lines.append(f"{verb}: {duration(chosen.rented_s)} rented, {dollars(chosen.cost_usd)} ({versus}); {trade}.")
+    verbs = {
+        "A": f"Extract here and {ship} (A)",
+        "B": "Extract on the rented machine (B)",
+        "C": "Stream the hidden states on the rented machine, storing none (C, train.hidden_states: streamed)",
+    }
+    others = {"A": f"{ship} (A)", "B": "extract there (B)", "C": "stream there (C)"}
+    chosen = scenarios[best]
+    versus = "; ".join(
+        f"{others[key]}: {duration(s.rented_s)}, {dollars(s.cost_usd)}"
+        if s.feasible
+        else f"{others[key]} is ruled out: {', '.join(s.problems)}"
+        for key, s in scenarios.items()
+        if key != best
+    )
+    lines.append(f"{verbs[best]}: {duration(chosen.rented_s)} rented, {dollars(chosen.cost_usd)} ({versus}); {trade}.")
     usd, hours = inputs.budget_usd, inputs.budget_hours
     if usd is not None or hours is not None:
         verdicts = []

@@ -102,8 +102,8 @@ def _check_gpu(flag: str, name: str) -> None:
 POSITIVE = (
     "samples mean_tokens max_tokens layers bytes_per_element link_gbit link_efficiency weights_link_gbit "
     "extract_tokens_per_s gpus gpu_tflops mfu here_gpus here_share here_tokens_per_s train_tokens_per_s epochs "
-    "draft_vocab keep_checkpoints disk_tb here_disk_tb compression_ratio active_params weights_gb probe_mb jobs "
-    "ttt_steps"
+    "draft_vocab keep_checkpoints stream_buffer_gb disk_tb here_disk_tb compression_ratio active_params weights_gb "
+    "probe_mb jobs ttt_steps"
 ).split()
 
 
@@ -406,6 +406,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         epochs=args.epochs,
         draft_vocab=args.draft_vocab,
         keep_checkpoints=args.keep_checkpoints,
+        stream_buffer_gb=args.stream_buffer_gb,
         headroom=args.headroom,
         cache_link=cache.link,
         budget_usd=checked.budget_usd,

@@ -204,6 +204,7 @@ class Inputs:
     epochs: int
     draft_vocab: int
     keep_checkpoints: int
+    stream_buffer_gb: float
     headroom: float
     cache_link: str
     # extract.storage the ratio is for, and every storage's ratio (the plan shows each beside the chosen one).

@@ -5,13 +5,12 @@ sequences; under torchrun rank r takes every world_size-th sequence of each batc
 the data and params, which is what makes resume exact and N processes train the same model as one.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
 from eagle3.errors import Eagle3Error
-from eagle3.formats.shards import HiddenStateDataset
 from eagle3.modeling.draft import DraftConfig
 
 # Samples used to measure the per-channel scale of fc's input (their first token, an attention sink, excluded).
@@ -126,11 +125,12 @@ def batches(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, torch.Ten
         raise kind(last.removeprefix(f"{kind.__module__}.{kind.__qualname__}: ")) from None
 
 
-def measure_aux_scale(dataset: HiddenStateDataset, layers: int) -> torch.Tensor:
-    """Per-channel RMS of fc's input over the first samples, skipping each sequence's first (attention-sink) token."""
+def measure_aux_scale(states: Iterable[torch.Tensor], layers: int) -> torch.Tensor:
+    """Per-channel RMS of fc's input over `states` (the first SCALE_SAMPLES samples' [layers, tokens, hidden]),
+    skipping each sequence's first (attention-sink) token."""
     squares, count = None, 0
-    for position in range(min(SCALE_SAMPLES, len(dataset))):
-        aux = dataset[position]["hidden"][:layers, 1:].float()  # [layers, tokens, hidden]
+    for hidden in states:
+        aux = hidden[:layers, 1:].float()  # [layers, tokens, hidden]
         flat = aux.transpose(0, 1).reshape(aux.shape[1], -1)
         squares = flat.pow(2).sum(0) if squares is None else squares + flat.pow(2).sum(0)
         count += flat.shape[0]

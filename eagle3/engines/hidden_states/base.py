@@ -24,6 +24,13 @@ class HiddenStateCapture(Protocol):
 
     def forward(self, batch: list[Sequence]) -> list[torch.Tensor]: ...
 
+    def sleep(self) -> None:
+        """Free the accelerator memory the verifier holds until wake_up (train.stream_phase_steps); a no-op where
+        there is none to free."""
+        ...
+
+    def wake_up(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -37,3 +44,5 @@ class CaptureRequest:
     spool: Path
     # What the forward pass computes in (extract.dtype resolved: eagle3/precision.py); states are stored as bf16.
     dtype: str
+    # Whether the engine will be put to sleep between phases (streamed training); vLLM must know at start.
+    sleep_mode: bool = False

@@ -55,5 +55,23 @@ class HfHiddenStates:
             torch.cuda.synchronize()
         return [host[row, :, : len(s.input_ids)].contiguous() for row, s in enumerate(batch)]
 
+    def sleep(self) -> None:
+        """On GPUs, every weight moves to host memory (each remembers its device, so a model spread over several
+        GPUs comes back as it was); on CPU there is nothing to free."""
+        if not self.on_gpu:
+            return
+        self._homes = {}
+        for tensor in [*self.model.parameters(), *self.model.buffers()]:
+            self._homes[id(tensor)] = tensor.device
+            tensor.data = tensor.data.to("cpu")
+        torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        if not self.on_gpu:
+            return
+        for tensor in [*self.model.parameters(), *self.model.buffers()]:
+            tensor.data = tensor.data.to(self._homes[id(tensor)], non_blocking=True)
+        torch.cuda.synchronize()
+
     def close(self) -> None:
         del self.model

@@ -104,6 +104,10 @@ class VllmHiddenStates:
         self.norm_weight, self.norm_eps = final_norm(request.model_dir)
         self.sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0)
         self.spool.mkdir(parents=True, exist_ok=True)
+        from vllm.platforms import current_platform
+
+        # Sleep mode exists on CUDA, ROCm and XPU builds only; elsewhere the engine stays awake between phases.
+        self.sleep_mode = request.sleep_mode and current_platform.is_sleep_mode_available()
         self.llm = start_engine(
             vllm,
             "extract",
@@ -115,6 +119,7 @@ class VllmHiddenStates:
             enforce_eager=engine.enforce_eager,
             trust_remote_code=request.provenance.trust_remote_code,
             enable_prefix_caching=False,
+            **({"enable_sleep_mode": True} if self.sleep_mode else {}),
             speculative_config={
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,
@@ -160,6 +165,15 @@ class VllmHiddenStates:
             ]
             states.append(torch.stack(layers).to(torch.bfloat16).contiguous())
         return states
+
+    def sleep(self) -> None:
+        # Level 1: weights to host memory, KV cache (and the hidden-state slots in it) discarded.
+        if self.sleep_mode:
+            self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        if self.sleep_mode:
+            self.llm.wake_up()
 
     def close(self) -> None:
         del self.llm

@@ -1,0 +1,125 @@
+"""The training sequences of the synthetic data, in the order everything downstream sees them.
+
+A split's sequences are its synthetic parts in manifest order, each part's records in prepared order, each record
+laid out by eagle3/chat/token_layout.py (a long conversation may give several sequences) and kept when it has a
+loss token. extract stores them in this order (its shards cut this stream), vocab counts them and a streamed
+training run (train.hidden_states `streamed`) computes their states in it, so all three agree on what a global
+sequence position is.
+"""
+
+import queue
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from eagle3.chat.token_layout import Sequence, layout
+from eagle3.errors import Eagle3Error
+from eagle3.files import read_json
+from eagle3.formats.provenance import Provenance, verifier_dir
+from eagle3.formats.synthetic import PART_PATTERN, read_part
+from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One synthetic part: the unit of planning, resume and scale-out."""
+
+    split: str
+    index: int
+    path: Path
+
+
+def synthetic_parts(root: Path, splits: list[str], manifest: dict[str, Any] | None = None) -> list[Part]:
+    """The parts of `splits` as generate's manifest lists them (read from the project unless given)."""
+    if manifest is None:
+        path = root / SYNTHETIC_MANIFEST
+        if not path.is_file():
+            raise Eagle3Error(f"{path}: missing; run `dvc repro generate` first")
+        manifest = read_json(path, "")
+    parts = []
+    for split in splits:
+        for entry in manifest.get(split, []):
+            match = PART_PATTERN.match(entry["part"])
+            if match is None:
+                raise Eagle3Error(f"{root / SYNTHETIC_MANIFEST}: {entry['part']!r} is not a part name; rerun generate")
+            parts.append(Part(split, int(match[1]), root / SYNTHETIC_DIR / split / entry["part"]))
+    return parts
+
+
+def load_tokenizer(root: Path, provenance: Provenance) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(verifier_dir(root), trust_remote_code=provenance.trust_remote_code)
+
+
+def part_sequences(
+    records: Iterable[dict[str, Any]], tokenizer: Any, max_seq_len: int, counts: Counter
+) -> Iterator[Sequence]:
+    """A part's training sequences in order; `counts` gets what was skipped or truncated, and why."""
+    for record in records:
+        if record["status"] != "ok":
+            counts[f"skipped_{record['skip_reason']}"] += 1
+            continue
+        made = layout(
+            tokenizer,
+            record["id"],
+            record["messages"],
+            max_seq_len,
+            record["chat_template_kwargs"],
+            record["turns"],
+        )
+        if not made:
+            counts["skipped_empty_conversation"] += 1
+        for sequence in made:
+            counts["truncated"] += sequence.truncated
+            if not sequence.loss_mask.any():
+                counts["skipped_no_loss_tokens_after_truncation"] += 1
+                continue
+            yield sequence
+
+
+def split_sequences(parts: list[Part], tokenizer: Any, max_seq_len: int) -> Iterator[list[Sequence]]:
+    """Each part's sequences, a part at a time, laid out one part ahead of the consumer."""
+    return one_ahead(list(part_sequences(read_part(part.path), tokenizer, max_seq_len, Counter())) for part in parts)
+
+
+def one_ahead(items: Iterator[T]) -> Iterator[T]:
+    """`items`, computed by a background thread one item ahead of the consumer (tokenization overlaps the
+    consumer's work; at most two items exist at a time). An exception in the thread is raised in the consumer."""
+    ahead: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    finished = object()
+
+    def offer(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not offer(item):
+                    return
+            offer(finished)
+        except BaseException as exc:  # handed to the consumer, which raises it where the stage can report it
+            offer(exc)
+
+    worker = threading.Thread(target=produce, name="sequence-planner", daemon=True)
+    worker.start()
+    try:
+        while (item := ahead.get()) is not finished:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join()

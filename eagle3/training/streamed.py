@@ -1,0 +1,331 @@
+"""train.hidden_states `streamed`: the verifier computes each batch's states just before the trainer needs them.
+
+Nothing of the training split's states is stored: the disk holds its token layout (`TokenStore`: token ids, loss
+masks and sample ids, ~5 bytes per token where the states are ~57 KB at Kimi-K2.5's size), and the spool
+(eagle3/training/state_spool.py) at most `train.stream_buffer_gb` of states computed ahead of the step.
+
+The sequences are the ones extract would store, in its order (eagle3/chat/sequence_plan.py), so the same
+BatchPlan gives the same batches, windows and TTT targets as a stored run over the same data. Rank 0 runs the
+capture engine extract uses, with extract's settings, on each global batch's sequences, shortest first, cut at
+extract.batch_tokens padded tokens per forward pass. Those passes group sequences differently from extract's (a
+training batch, not a shard part), and a padded batch changes bf16 states by rounding only, so a streamed run
+equals a stored one within bf16 noise, not bit for bit. Given the data and params the grouping is fixed and
+independent of the number of processes, so a resumed streamed run (which produces from its checkpoint's step on)
+ends at the same weights as an uninterrupted one, and N processes train what one trains.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from eagle3.chat.sequence_plan import Part, load_tokenizer, split_sequences, synthetic_parts
+from eagle3.chat.token_layout import Sequence
+from eagle3.engines.hidden_states.backends import open_capture
+from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture
+from eagle3.engines.hidden_states.batching import length_sorted_batches
+from eagle3.errors import Eagle3Error
+from eagle3.files import atomic_path, read_json, staged_dir, write_json
+from eagle3.formats.provenance import Provenance, verifier_dir, weights_fingerprint
+from eagle3.hashing import sha256_file
+from eagle3.params.extract import ExtractParams
+from eagle3.params.train import TrainParams
+from eagle3.paths import PROVENANCE, STREAM_DIR, SYNTHETIC_MANIFEST
+from eagle3.precision import engine_device_type
+from eagle3.progress import progress
+from eagle3.stages.extract import EXTRACTION_VERSION, compute_dtype, layer_ids
+from eagle3.training.data import SCALE_SAMPLES, BatchPlan, measure_aux_scale
+from eagle3.training.distributed import Dist
+from eagle3.training.state_spool import Producer, StateSpool, rank_shares, share_bytes, wait_for
+
+# Bump when the same inputs give other store files, so an old store is rebuilt instead of read.
+STORE_VERSION = 1
+_FILES = ("input_ids.bin", "loss_mask.bin", "offsets.bin", "sample_ids.txt")
+_AUX_SCALE = "aux_scale.safetensors"
+
+
+class TokenStore:
+    """A split's training sequences by global position, memory-mapped: what the producer feeds the verifier and
+    every rank pairs with the states it receives."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.offsets = np.fromfile(directory / "offsets.bin", dtype=np.int64)
+        self.input_ids = np.memmap(directory / "input_ids.bin", dtype=np.int32, mode="r")
+        self.loss_mask = np.memmap(directory / "loss_mask.bin", dtype=np.uint8, mode="r")
+        self.sample_ids = (directory / "sample_ids.txt").read_text(encoding="utf-8").splitlines()
+        # Tokens per sequence, by global position: what BatchPlan batches by.
+        self.lengths = torch.from_numpy(np.diff(self.offsets))
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def sequence(self, position: int) -> Sequence:
+        first, end = int(self.offsets[position]), int(self.offsets[position + 1])
+        return Sequence(
+            self.sample_ids[position],
+            torch.from_numpy(self.input_ids[first:end].astype(np.int64)),
+            torch.from_numpy(self.loss_mask[first:end].astype(np.bool_)),
+            False,
+        )
+
+    @staticmethod
+    def is_built(directory: Path, key: dict[str, Any]) -> bool:
+        made = directory / "store.json"
+        return (
+            made.is_file() and read_json(made, "").get("key") == key and all((directory / n).is_file() for n in _FILES)
+        )
+
+    @staticmethod
+    def build(directory: Path, key: dict[str, Any], parts: list[Part], tokenizer: Any, max_seq_len: int) -> None:
+        """Lay the parts out into `directory` for `key` (what the layout depends on). Built in a scratch
+        directory and renamed into place: a killed build leaves nothing to trust."""
+        with staged_dir(directory) as staging:
+            handles = [open(staging / name, "wb") for name in _FILES]
+            ids, masks, offsets, names = handles
+            tokens, count = 0, 0
+            try:
+                offsets.write(np.zeros(1, dtype=np.int64).tobytes())
+                with progress() as bar:
+                    task = bar.add_task("train: token layout (parts)", total=len(parts))
+                    for sequences in split_sequences(parts, tokenizer, max_seq_len):
+                        for sequence in sequences:
+                            ids.write(sequence.input_ids.numpy().astype(np.int32).tobytes())
+                            masks.write(sequence.loss_mask.numpy().astype(np.uint8).tobytes())
+                            tokens += len(sequence.input_ids)
+                            offsets.write(np.array([tokens], dtype=np.int64).tobytes())
+                            names.write(f"{sequence.sample_id}\n".encode())
+                            count += 1
+                        bar.advance(task)
+            finally:
+                for handle in handles:
+                    handle.close()
+            write_json(staging / "store.json", {"key": key, "sequences": count, "tokens": tokens})
+
+
+def capture_states(capture: HiddenStateCapture, sequences: list[Sequence], batch_tokens: int) -> list[torch.Tensor]:
+    """Each sequence's [layers, tokens, hidden] bf16 states, in the given order, from forward passes over the
+    sequences shortest first in batches of up to `batch_tokens` padded tokens."""
+    states: list[torch.Tensor | None] = [None] * len(sequences)
+    for batch in length_sorted_batches(sequences, batch_tokens):
+        for position, hidden in zip(batch, capture.forward([sequences[i] for i in batch]), strict=True):
+            states[position] = hidden
+    return states  # type: ignore[return-value]
+
+
+def check_streamable(extract: ExtractParams) -> None:
+    """One line when this machine cannot compute states beside training with extract's backend."""
+    if extract.backend == "vllm" and engine_device_type() == "cpu":
+        raise Eagle3Error(
+            "train.hidden_states: streamed with extract.backend vllm needs GPUs: vLLM's CPU engine pins the cores "
+            "the trainer computes on; on this machine set extract.backend: hf"
+        )
+
+
+class StreamedData:
+    """The training split of a streamed run: its token layout, what its states are computed with, and (rank 0)
+    the capture engine, opened on first use so a rerun that finds training finished never loads the verifier."""
+
+    def __init__(self, root: Path, store: TokenStore, request: CaptureRequest, settings: dict[str, Any], world: Dist):
+        self.root, self.store, self.request, self.settings, self.world = root, store, request, settings, world
+        self.layer_ids = request.layer_ids
+        self.lengths = store.lengths
+        self._capture: HiddenStateCapture | None = None
+        self.producer: Producer | None = None
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @classmethod
+    def open(cls, root: Path, extract: ExtractParams, config: TrainParams, provenance: Provenance, world: Dist):
+        check_streamable(extract)
+        model_dir = verifier_dir(root)
+        if weights_fingerprint(model_dir) != {
+            "num_weight_files": provenance.num_weight_files,
+            "weight_bytes": provenance.weight_bytes,
+            **provenance.weights_identity(),
+        }:
+            raise Eagle3Error(
+                f"{model_dir}: the verifier's weights are not the ones the verifier stage recorded in "
+                f"{root / PROVENANCE}; restore them, or rerun `dvc repro` from the verifier stage"
+            )
+        manifest = root / SYNTHETIC_MANIFEST
+        parts = synthetic_parts(root, ["train"])
+        layers = layer_ids(extract, provenance)
+        layout_key = {
+            "store": STORE_VERSION,
+            "extraction": EXTRACTION_VERSION,
+            "synthetic_manifest_sha256": sha256_file(manifest),
+            "tokenizer_sha256": provenance.tokenizer_sha256,
+            "max_seq_len": extract.max_seq_len,
+        }
+        directory = root / STREAM_DIR / "train"
+        if world.main and not TokenStore.is_built(directory, layout_key):
+            TokenStore.build(directory, layout_key, parts, load_tokenizer(root, provenance), extract.max_seq_len)
+        world.barrier()
+        store = TokenStore(directory)
+        if not len(store):
+            raise Eagle3Error(f"{manifest}: the training split has no sequence with a loss token; check generate")
+        dtype = compute_dtype(extract)
+        settings = {
+            **layout_key,
+            "layer_ids": list(layers),
+            "compute_dtype": dtype,
+            "backend": extract.backend,
+            "batch_tokens": extract.batch_tokens,
+        }
+        spool = spool_dir(root, config)
+        request = CaptureRequest(
+            model_dir,
+            provenance,
+            layers,
+            extract,
+            spool / "vllm",
+            dtype,
+            sleep_mode=config.stream_phase_steps is not None,
+        )
+        return cls(root, store, request, settings, world)
+
+    @property
+    def capture(self) -> HiddenStateCapture:
+        if self._capture is None:
+            with _outside_torchrun():
+                self._capture = open_capture(self.request)
+        return self._capture
+
+    def states(self, positions: list[int]) -> list[torch.Tensor]:
+        sequences = [self.store.sequence(position) for position in positions]
+        return capture_states(self.capture, sequences, self.request.config.batch_tokens)
+
+    def check_buffer(self, plan: BatchPlan, layers: int, hidden: int, config: TrainParams) -> None:
+        """Before any state is computed: the buffer must hold the largest step (or phase) of the run."""
+        budget = int(config.stream_buffer_gb * 1e9)
+        window = config.stream_phase_steps or 1
+        sizes = [
+            sum(share_bytes(self.lengths[s].tolist(), layers, hidden) for s in shares)
+            for _, shares in _steps(plan, self.world.size)
+        ]
+        largest = max((sum(sizes[i : i + window]) for i in range(0, len(sizes), window)), default=0)
+        if largest > budget:
+            what = f"{window} steps' (train.stream_phase_steps)" if window > 1 else "one step's"
+            raise Eagle3Error(
+                f"train.stream_buffer_gb: {config.stream_buffer_gb:g} GB holds less than {what} states (the largest "
+                f"needs {largest / 1e9:.3f} GB: tokens x {layers} layers x {hidden} x 2 bytes); raise it to at least "
+                f"{largest / 1e9:.3f}"
+                + (", or lower train.stream_phase_steps" if window > 1 else ", or lower train.batch_size")
+            )
+
+    def start(self, plan: BatchPlan, config: TrainParams, layers: int, hidden: int, fresh: bool) -> torch.Tensor | None:
+        """Rank 0 empties the spool and starts producing from plan.start; every rank returns fc's input scale
+        when `fresh` (measured by rank 0 on the first samples, as the stored mode does), else None."""
+        spool = self.spool = StateSpool(spool_dir(self.root, config))
+        if self.world.main:
+            spool.reset()
+            if fresh:
+                count = min(SCALE_SAMPLES, len(self))
+                scale = measure_aux_scale(self.states(list(range(count))), layers - 1)
+                with atomic_path(spool.directory / _AUX_SCALE) as partial:
+                    save_file({"aux_scale": scale}, str(partial))
+            capture = self.capture
+            self.producer = Producer(
+                spool,
+                _steps(plan, self.world.size),
+                self.states,
+                lambda share: share_bytes(self.lengths[share].tolist(), layers, hidden),
+                int(config.stream_buffer_gb * 1e9),
+                config.stream_phase_steps,
+                sleep=capture.sleep,
+                wake=capture.wake_up,
+            ).start()
+        self.world.barrier()
+        if not fresh:
+            return None
+        scale = wait_for(spool.directory / _AUX_SCALE, self._healthy)["aux_scale"]
+        self.world.barrier()
+        if self.world.main:
+            (spool.directory / _AUX_SCALE).unlink()
+        return scale
+
+    def _healthy(self) -> None:
+        if self.producer is not None:
+            self.producer.healthy()
+        elif (message := self.spool.failure()) is not None:
+            raise Eagle3Error(message)
+
+    def batches(self, plan: BatchPlan, collate: Any, pinned: bool) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's collated batches from plan.start on; a step's file stays in the spool (and counts against
+        the buffer) until the trainer asks for the next batch."""
+        previous = None
+        try:
+            for step, positions in enumerate(plan, start=plan.start):
+                # Asked for this batch, the trainer is done with the last one: its file leaves the buffer first,
+                # which is also what tells a producer in phases that the phase has been trained on.
+                if previous is not None:
+                    self.spool.release(previous, self.world.rank)
+                states = self.spool.take(step, self.world.rank, self._healthy)
+                sequences = [self.store.sequence(p) for p in positions]
+                batch = collate(
+                    [
+                        {"id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask, "hidden": h}
+                        for s, h in zip(sequences, states, strict=True)
+                    ]
+                )
+                previous = step
+                yield {k: v.pin_memory() for k, v in batch.items()} if pinned else batch
+            if previous is not None:
+                self.spool.release(previous, self.world.rank)
+        finally:
+            self.close()
+
+    def summary(self) -> dict[str, Any]:
+        """What the metrics record of the stream (rank 0)."""
+        if self.producer is None:
+            return {}
+        return {"stream_peak_buffer_bytes": self.producer.peak, "stream_phases": self.producer.phases}
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.stop()
+        if self._capture is not None:
+            self._capture.close()
+            self._capture = None
+
+
+# What torchrun tells its processes; a capture engine started inside one (rank 0) must not take them for its own:
+# vLLM's tensor-parallel workers are processes of their own that meet through vLLM's own rendezvous.
+_TORCHRUN_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+@contextmanager
+def _outside_torchrun() -> Iterator[None]:
+    saved = {name: os.environ.pop(name) for name in _TORCHRUN_ENV if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def spool_dir(root: Path, config: TrainParams) -> Path:
+    return Path(config.stream_dir) if config.stream_dir else root / STREAM_DIR / "spool"
+
+
+def _steps(plan: BatchPlan, world: int) -> Iterator[tuple[int, list[list[int]]]]:
+    """The global plan's steps from plan.start on, each as every rank's share of its batch."""
+    whole = BatchPlan(plan.lengths, plan.batch_size, plan.epochs, plan.seed, 0, 1, plan.max_tokens, plan.start)
+    for step, batch in enumerate(whole, start=plan.start):
+        yield step, rank_shares(batch, world)

@@ -1,0 +1,192 @@
+"""train.hidden_states `streamed` on the real verifier (hf capture on this CPU): the same training as from stored
+shards within bf16 noise, with no training states on disk beyond the buffer; exact resume after kill -9; two
+processes train what one does; and the one-line errors."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3.chat.sequence_plan import load_tokenizer, synthetic_parts
+from eagle3.formats.provenance import read_provenance
+from eagle3.formats.shards import ShardReader, split_shards
+from eagle3.stages.vocab import count_tokens
+
+from conftest import copy_project, draft_params, eagle3
+
+pytestmark = pytest.mark.slow
+
+SHORT = {"epochs": 2, "checkpoint_every": 2, "keep_checkpoints": 1000, "log_every": 1, "precision": "float32"}
+CURVE = "metrics/train/plots/metrics/train/loss.tsv"
+
+
+def streamed_params(**train):
+    params = draft_params(**{**SHORT, "hidden_states": "streamed", **train})
+    params["extract"]["splits"] = ["heldout"]
+    return params
+
+
+def streamed_project(source, root, **train):
+    """`source` without any stored states (data/hidden removed), set to stream them."""
+    root = copy_project(source, root, streamed_params(**train))
+    shutil.rmtree(root / "data/hidden")
+    return root
+
+
+def _losses(root):
+    return [float(line.split("\t")[1]) for line in (root / CURVE).read_text().splitlines()[1:]]
+
+
+def _final_weights(root):
+    newest = sorted((root / "checkpoints").glob("step-*"))[-1]
+    return newest.name, load_file(newest / "model.safetensors")
+
+
+def test_vocab_counts_the_tokens_the_shards_hold(extracted_real):
+    """The vocab stage lays the synthetic data out as extract does: the same tokens as its shards, counted
+    without them (a streamed run stores none)."""
+    provenance = read_provenance(extracted_real)
+    parts, tokenizer = synthetic_parts(extracted_real, ["train"]), load_tokenizer(extracted_real, provenance)
+    masked, every = count_tokens(extracted_real, parts, tokenizer, 2048, provenance.vocab_size)
+    answers, tokens = [], []
+    for path in split_shards(extracted_real, "train"):
+        reader = ShardReader(path)
+        for position in range(len(reader)):
+            sample = reader.read(position)
+            answers.append(sample.input_ids[sample.loss_mask])
+            tokens.append(sample.input_ids)
+    assert torch.equal(masked, torch.bincount(torch.cat(answers), minlength=provenance.vocab_size))
+    assert torch.equal(every, torch.bincount(torch.cat(tokens), minlength=provenance.vocab_size))
+    assert int(masked.sum()) > 1000
+
+
+def test_streamed_training_equals_stored_within_bf16_noise_and_stays_in_its_buffer(extracted_real, tmp_path):
+    stored = copy_project(extracted_real, tmp_path / "stored", draft_params(**SHORT))
+    eagle3(stored, "train")
+    # A buffer of about two steps' states, so the producer has to wait for the trainer.
+    streamed = streamed_project(extracted_real, tmp_path / "streamed", stream_buffer_gb=0.012)
+    spool = streamed / ".eagle3/stream/spool"
+    sizes, watching = [], threading.Event()
+
+    def watch():  # the spool's bytes as another process sees them, independently of the producer's own count
+        while not watching.is_set():
+            if spool.is_dir():
+                sizes.append(sum(p.stat().st_size for p in spool.rglob("*.safetensors") if p.exists()))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        eagle3(streamed, "train")
+    finally:
+        watching.set()
+        watcher.join()
+    metrics = json.loads((streamed / "metrics/train/metrics.json").read_text())
+    assert metrics["hidden_states"] == "streamed"
+    assert 0 < metrics["stream_peak_buffer_bytes"] <= 0.012e9 and max(sizes) <= 0.012e9
+    assert not list(spool.glob("*.safetensors")) and not (streamed / "data/hidden").exists()
+    one, other = _losses(stored), _losses(streamed)
+    assert len(one) == len(other) == metrics["total_steps"]
+    # Same sequences, batches and targets: the states differ only where bf16 rounding of a differently padded
+    # forward pass flips a last bit, which moved the first losses by 4e-5 relative here; training then amplifies
+    # it step by step (2e-3 by the 8th step). A wrong sequence, batch order or layer differs by far more than 1%
+    # from the first step on.
+    for a, b in zip(one[:3], other[:3], strict=True):
+        assert abs(a - b) <= 5e-4 * abs(a), (one, other)
+    for a, b in zip(one, other, strict=True):
+        assert abs(a - b) <= 2e-2 * abs(a), (one, other)
+    assert other[-1] < 0.8 * other[0]
+    run = json.loads((streamed / "checkpoints/run.json").read_text())["settings"]
+    assert run["streamed_states"]["layer_ids"] == [2, 15, 27, 30] and "shards_index_sha256" not in run
+
+
+def test_sigkill_then_rerun_ends_at_the_streamed_run_s_weights(extracted_real, tmp_path):
+    reference = streamed_project(extracted_real, tmp_path / "reference")
+    eagle3(reference, "train")
+    killed = streamed_project(extracted_real, tmp_path / "killed")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "eagle3.cli", "train"], cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 300
+    while not list((killed / "checkpoints").glob("step-0000004")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    left = sorted(p.name for p in (killed / "checkpoints").glob("step-*"))
+    assert left and left[-1] < _final_weights(reference)[0], "the kill must land before training finished"
+    resumed = eagle3(killed, "train")
+    assert "resuming from" in resumed.stderr
+    name, weights = _final_weights(killed)
+    expected_name, expected = _final_weights(reference)
+    assert name == expected_name
+    for key in expected:
+        assert torch.equal(weights[key], expected[key]), key
+    assert (killed / CURVE).read_text() == (reference / CURVE).read_text()
+
+
+def test_two_processes_stream_what_one_does(extracted_real, tmp_path):
+    """Rank 0 computes every global batch and hands each rank its share through the spool."""
+    one = streamed_project(extracted_real, tmp_path / "one", num_workers=0)
+    eagle3(one, "train")
+    two = streamed_project(extracted_real, tmp_path / "two", num_workers=0, launch={"processes_per_node": 2})
+    result = subprocess.run(
+        [sys.executable, "-m", "eagle3.cli", "train"], cwd=two, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    single, double = _losses(one), _losses(two)
+    assert len(single) == len(double)
+    # The same states (one forward pass per global batch either way); only float32 gradient sums differ in order
+    # (tests/test_train.py: two processes match one).
+    for a, b in zip(single[:8], double[:8], strict=True):
+        assert abs(a - b) <= 1e-4 * abs(a), (single, double)
+
+
+def _error(root, *args):
+    result = eagle3(root, *args, check=False)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    return lines[-1]
+
+
+def test_streamed_mode_s_bad_input_is_one_line(extracted_real, tmp_path):
+    small = streamed_project(extracted_real, tmp_path / "small", stream_buffer_gb=0.001)
+    line = _error(small, "train")
+    assert line.startswith("eagle3 train: error: train.stream_buffer_gb: 0.001 GB holds less than one step's states")
+    assert "raise it to at least 0.0" in line
+    assert not list((small / "checkpoints").glob("step-*"))
+
+    phases = streamed_project(extracted_real, tmp_path / "phases", stream_buffer_gb=0.01, stream_phase_steps=50)
+    assert "holds less than 50 steps' (train.stream_phase_steps) states" in _error(phases, "train")
+
+    both = copy_project(extracted_real, tmp_path / "both", draft_params(hidden_states="streamed"))
+    assert _error(both, "train") == (
+        "eagle3 train: error: params.yaml: extract.splits: train.hidden_states is streamed, so training computes "
+        "the training split's states itself; set extract.splits to [heldout] so extract does not store them too"
+    )
+
+    vllm = streamed_params()
+    vllm["extract"]["backend"] = "vllm"
+    on_cpu = copy_project(extracted_real, tmp_path / "vllm", vllm)
+    assert _error(on_cpu, "train") == (
+        "eagle3 train: error: train.hidden_states: streamed with extract.backend vllm needs GPUs: vLLM's CPU engine "
+        "pins the cores the trainer computes on; on this machine set extract.backend: hf"
+    )
+
+    moved = streamed_project(extracted_real, tmp_path / "moved")
+    weights = moved / "models/verifier/model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()  # a hard link into the shared project: replaced, not edited
+    weights.write_bytes(data + b" ")
+    line = _error(moved, "train")
+    assert line.endswith(
+        "the verifier's weights are not the ones the verifier stage recorded in "
+        f"{moved}/models/verifier/provenance.json; restore them, or rerun `dvc repro` from the verifier stage"
+    ), line
