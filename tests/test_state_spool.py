@@ -59,8 +59,7 @@ def test_every_rank_gets_its_share_of_each_step_in_order(tmp_path):
     producer.start()
     results = {}
     threads = [
-        threading.Thread(target=lambda r=r: results.__setitem__(r, consume(spool, producer, steps, r)))
-        for r in (0, 1)
+        threading.Thread(target=lambda r=r: results.__setitem__(r, consume(spool, producer, steps, r))) for r in (0, 1)
     ]
     for thread in threads:
         thread.start()

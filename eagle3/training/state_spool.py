@@ -89,9 +89,14 @@ class StateSpool:
         except FileNotFoundError:
             return None
 
-    def take(self, step: int, rank: int, healthy: Callable[[], None]) -> list[torch.Tensor]:
-        """This rank's states for `step`, waiting until they are there; `healthy` raises if they never will be."""
+    def take(
+        self, step: int, rank: int, healthy: Callable[[], None], idle: Callable[[], None] = lambda: None
+    ) -> list[torch.Tensor]:
+        """This rank's states for `step`, waiting until they are there; `healthy` raises if they never will be,
+        `idle` runs once before a wait (the trainer hands its cached GPU memory back to the waking verifier)."""
         path, pause = self.path(step, rank), 0.005
+        if not path.is_file():
+            idle()
         while not path.is_file():
             if (message := self.failure()) is not None:
                 raise Eagle3Error(message)

@@ -137,6 +137,7 @@ class StreamedData:
         self.lengths = store.lengths
         self._capture: HiddenStateCapture | None = None
         self.producer: Producer | None = None
+        self.phases = False
 
     def __len__(self) -> int:
         return len(self.store)
@@ -224,6 +225,7 @@ class StreamedData:
         """Rank 0 empties the spool and starts producing from plan.start; every rank returns fc's input scale
         when `fresh` (measured by rank 0 on the first samples, as the stored mode does), else None."""
         spool = self.spool = StateSpool(spool_dir(self.root, config))
+        self.phases = config.stream_phase_steps is not None
         if self.world.main:
             spool.reset()
             if fresh:
@@ -251,6 +253,11 @@ class StreamedData:
             (spool.directory / _AUX_SCALE).unlink()
         return scale
 
+    def _idle(self) -> None:
+        # Between phases the verifier wakes into the memory the trainer's allocator still holds: give it back.
+        if self.phases and self.world.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _healthy(self) -> None:
         if self.producer is not None:
             self.producer.healthy()
@@ -267,7 +274,7 @@ class StreamedData:
                 # which is also what tells a producer in phases that the phase has been trained on.
                 if previous is not None:
                     self.spool.release(previous, self.world.rank)
-                states = self.spool.take(step, self.world.rank, self._healthy)
+                states = self.spool.take(step, self.world.rank, self._healthy, self._idle)
                 sequences = [self.store.sequence(p) for p in positions]
                 batch = collate(
                     [
