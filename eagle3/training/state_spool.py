@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -32,6 +31,7 @@ from eagle3.files import atomic_path
 # Upper bound of a state file's bytes beyond its states (the safetensors header of two tensors).
 HEADER_ALLOWANCE = 4096
 _FAILED = "FAILED"
+_SCALE = "aux_scale.safetensors"
 _STAGING = "staging"
 _STEP_FILES = "step-*.safetensors"
 
@@ -54,6 +54,22 @@ class StateSpool:
         for stale in [*self.directory.glob(_STEP_FILES), *self.directory.glob(f"{_STAGING}/{_STEP_FILES}")]:
             stale.unlink(missing_ok=True)
         (self.directory / _FAILED).unlink(missing_ok=True)
+        self.drop_scale()
+
+    def publish_scale(self, scale: torch.Tensor) -> None:
+        """fc's input scale, measured by rank 0 on a fresh run, for every rank."""
+        with atomic_path(self.directory / _SCALE) as partial:
+            save_file({"aux_scale": scale}, str(partial))
+
+    def take_scale(self, healthy: Callable[[], None]) -> torch.Tensor:
+        path, pause = self.directory / _SCALE, 0.005
+        while not _arrived(path, healthy):
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+        return load_file(path)["aux_scale"]
+
+    def drop_scale(self) -> None:
+        (self.directory / _SCALE).unlink(missing_ok=True)
 
     def write(self, path: Path, states: list[torch.Tensor]) -> int:
         """One rank's share ([layers, tokens, hidden] bf16 each) as one file, renamed into place when complete."""
@@ -97,10 +113,9 @@ class StateSpool:
         path, pause = self.path(step, rank), 0.005
         if not path.is_file():
             idle()
-        while not path.is_file():
+        while not _arrived(path, healthy):
             if (message := self.failure()) is not None:
                 raise Eagle3Error(message)
-            healthy()
             time.sleep(pause)
             pause = min(pause * 2, 0.2)
         tensors = load_file(path)
@@ -109,6 +124,20 @@ class StateSpool:
 
     def release(self, step: int, rank: int) -> None:
         self.path(step, rank).unlink(missing_ok=True)
+
+
+def _arrived(path: Path, healthy: Callable[[], None]) -> bool:
+    """Whether `path` is there; if not, `healthy` raises when it never will be. A producer that wrote it and
+    ended between the two looks is not a failure: the file is looked for once more before giving up."""
+    if path.is_file():
+        return True
+    try:
+        healthy()
+    except Eagle3Error:
+        if path.is_file():
+            return True
+        raise
+    return False
 
 
 class Producer:
@@ -214,13 +243,3 @@ class Producer:
 def rank_shares(batch: list[int], world: int) -> list[list[int]]:
     """A global batch's sequences as each rank takes them (BatchPlan: rank r every world-th)."""
     return [batch[rank::world] for rank in range(world)]
-
-
-def wait_for(path: Path, healthy: Callable[[], None]) -> dict[str, Any]:
-    """A small file another rank writes (the first run's aux scale), once it is there."""
-    pause = 0.005
-    while not path.is_file():
-        healthy()
-        time.sleep(pause)
-        pause = min(pause * 2, 0.2)
-    return load_file(path)

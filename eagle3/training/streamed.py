@@ -15,6 +15,7 @@ ends at the same weights as an uninterrupted one, and N processes train what one
 """
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from eagle3.chat.sequence_plan import Part, load_tokenizer, split_sequences, synthetic_parts
 from eagle3.chat.token_layout import Sequence
@@ -30,7 +30,7 @@ from eagle3.engines.hidden_states.backends import open_capture
 from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture
 from eagle3.engines.hidden_states.batching import length_sorted_batches
 from eagle3.errors import Eagle3Error
-from eagle3.files import atomic_path, read_json, staged_dir, write_json
+from eagle3.files import read_json, staged_dir, write_json
 from eagle3.formats.provenance import Provenance, verifier_dir, weights_fingerprint
 from eagle3.hashing import sha256_file
 from eagle3.params.extract import ExtractParams
@@ -41,12 +41,11 @@ from eagle3.progress import progress
 from eagle3.stages.extract import EXTRACTION_VERSION, compute_dtype, layer_ids
 from eagle3.training.data import SCALE_SAMPLES, BatchPlan, measure_aux_scale
 from eagle3.training.distributed import Dist
-from eagle3.training.state_spool import Producer, StateSpool, rank_shares, share_bytes, wait_for
+from eagle3.training.state_spool import Producer, StateSpool, rank_shares, share_bytes
 
 # Bump when the same inputs give other store files, so an old store is rebuilt instead of read.
 STORE_VERSION = 1
 _FILES = ("input_ids.bin", "loss_mask.bin", "offsets.bin", "sample_ids.txt")
-_AUX_SCALE = "aux_scale.safetensors"
 
 
 class TokenStore:
@@ -145,6 +144,11 @@ class StreamedData:
     @classmethod
     def open(cls, root: Path, extract: ExtractParams, config: TrainParams, provenance: Provenance, world: Dist):
         check_streamable(extract)
+        if config.launch.nodes > 1 and config.stream_dir is None:
+            raise Eagle3Error(
+                f"train.stream_dir: train.launch.nodes is {config.launch.nodes}, so the states rank 0 computes must "
+                "reach every machine: set it to one directory on storage they all share"
+            )
         model_dir = verifier_dir(root)
         if weights_fingerprint(model_dir) != {
             "num_weight_files": provenance.num_weight_files,
@@ -166,9 +170,12 @@ class StreamedData:
             "max_seq_len": extract.max_seq_len,
         }
         directory = root / STREAM_DIR / "train"
-        if world.main and not TokenStore.is_built(directory, layout_key):
+        # One process per machine lays the data out (each machine has its own project); the others wait for it
+        # without a collective, which would time out on a long layout.
+        if world.rank % world.local_size == 0 and not TokenStore.is_built(directory, layout_key):
             TokenStore.build(directory, layout_key, parts, load_tokenizer(root, provenance), extract.max_seq_len)
-        world.barrier()
+        while not TokenStore.is_built(directory, layout_key):
+            time.sleep(0.2)
         store = TokenStore(directory)
         if not len(store):
             raise Eagle3Error(f"{manifest}: the training split has no sequence with a loss token; check generate")
@@ -228,11 +235,12 @@ class StreamedData:
         self.phases = config.stream_phase_steps is not None
         if self.world.main:
             spool.reset()
+        # Quick, so no collective waits on the verifier's start: after it, nothing of a killed run is left to read.
+        self.world.barrier()
+        if self.world.main:
             if fresh:
                 count = min(SCALE_SAMPLES, len(self))
-                scale = measure_aux_scale(self.states(list(range(count))), layers - 1)
-                with atomic_path(spool.directory / _AUX_SCALE) as partial:
-                    save_file({"aux_scale": scale}, str(partial))
+                spool.publish_scale(measure_aux_scale(self.states(list(range(count))), layers - 1))
             capture = self.capture
             self.producer = Producer(
                 spool,
@@ -244,14 +252,7 @@ class StreamedData:
                 sleep=capture.sleep,
                 wake=capture.wake_up,
             ).start()
-        self.world.barrier()
-        if not fresh:
-            return None
-        scale = wait_for(spool.directory / _AUX_SCALE, self._healthy)["aux_scale"]
-        self.world.barrier()
-        if self.world.main:
-            (spool.directory / _AUX_SCALE).unlink()
-        return scale
+        return spool.take_scale(self._healthy) if fresh else None
 
     def _idle(self) -> None:
         # Between phases the verifier wakes into the memory the trainer's allocator still holds: give it back.
@@ -286,6 +287,8 @@ class StreamedData:
                 yield {k: v.pin_memory() for k, v in batch.items()} if pinned else batch
             if previous is not None:
                 self.spool.release(previous, self.world.rank)
+            if self.world.main:  # every rank took its first step, so every rank has read the scale
+                self.spool.drop_scale()
         finally:
             self.close()
 
