@@ -1,19 +1,22 @@
 """Hostile inputs from a remote through the real CLI (issue 33): one error line, exit code 2, no traceback, and
-no file changed. The projects are built by hand (a provenance, a verifier config, shards written with
-ShardWriter, a vocab file): no model runs."""
+no file changed. The projects are built by hand (a provenance, a verifier config and tokenizer, synthetic parts,
+shards written with ShardWriter, a vocab file): no model runs."""
 
 import hashlib
 import json
 
 import pytest
 import torch
-from test_untrusted_shards import BIG, HOSTILE_RECORDS, _craft, _parts, _write
+import yaml
+from test_untrusted_formats import _record as _synthetic_record
+from test_untrusted_shards import GIB, _craft, _parts, _write, _zeros_frame
 
 from eagle3.formats.provenance import LocalOrigin, Provenance, write_provenance
 from eagle3.formats.shards import write_index
+from eagle3.formats.synthetic import write_manifest, write_part
 from eagle3.formats.vocab import save_vocab
 
-from conftest import eagle3, make_project
+from conftest import eagle3, make_project, write_params
 
 VOCAB = 49152
 CONFIG = {
@@ -112,15 +115,6 @@ def _refused(root, stage: str, message: str) -> None:
     assert _files(root) == before
 
 
-def _hostile_record(case):
-    def make(shard):
-        change, entry_fields, message = HOSTILE_RECORDS[case]
-        _craft(shard, records={BIG: change(_parts(shard)[1][BIG])}, entry_changes={BIG: entry_fields})
-        return f"sample {BIG} (s{BIG}): {message}"
-
-    return make
-
-
 def _header(**fields):
     def make(shard):
         _craft(shard, header={**json.loads(_parts(shard)[0]), **fields})
@@ -135,30 +129,103 @@ def _offset_outside(shard):
 
 
 SHARD_CASES = {
-    "head claims 2^31 tokens": _hostile_record("head claims 2^31 tokens"),
-    "a 1 GiB zstd frame": _hostile_record("input ids: a 1 GiB zstd frame (decompression bomb)"),
     "layer_ids is 5": _header(layer_ids=5),
     "an index entry pointing outside the file": _offset_outside,
 }
 
 
-@pytest.mark.parametrize("case", list(SHARD_CASES))
-def test_vocab_on_a_hostile_shard_is_one_line_and_changes_nothing(tmp_path, case):
-    root, shard = _project(tmp_path / "project")
-    message = SHARD_CASES[case](shard)
-    _refused(root, "vocab", f"{shard}: {message}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _with_synthetic(root):
+    """What vocab reads: generate's answers (one part of two records and its manifest) and the verifier's
+    tokenizer, a small byte-level BPE with a ChatML template made here."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(["Why is the sky blue?", "Rayleigh scattering of sunlight."], trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(root / "models/verifier")
+    records = [_synthetic_record(0), _synthetic_record(1)]
+    write_part(root / "data/synthetic/train/part-00000.jsonl.zst", records)
+    write_manifest(root / "data/synthetic", ["train"])
+    return root / "data/synthetic/train/part-00000.jsonl.zst"
+
+
+def _manifest_outside(part):
+    manifest = part.parents[1] / "manifest.json"
+    entries = json.loads(manifest.read_text())
+    entries["train"][0]["part"] = "../../../params.yaml"
+    manifest.write_text(json.dumps(entries))
+    return f"{manifest}: train[0].part: String should match pattern"
+
+
+def _damaged(part):
+    part.write_bytes(part.read_bytes()[:-9])
+    return f"{part}: damaged part ("
+
+
+def _bomb(part):
+    part.write_bytes(_zeros_frame(GIB))
+    return f"{part}: the part declares {GIB} bytes decompressed"
+
+
+def _wrong_record(part):
+    write_part(part, [_synthetic_record(0), _synthetic_record(1, status="done")])
+    return f"{part}: record 1: status: Input should be 'ok' or 'skipped'"
+
+
+def _tokenizer_of_another_model(part):
+    root = part.parents[3]
+    provenance = root / "models/verifier/provenance.json"
+    provenance.write_text(provenance.read_text().replace(f'"vocab_size": {VOCAB}', '"vocab_size": 100'))
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    write_params(root, {**params, "vocab": {"draft_vocab_size": 64}})
+    return "has a token id >= the verifier's vocab size 100; the tokenizer does not match the verifier"
+
+
+SYNTHETIC_CASES = {
+    "a manifest naming a file outside the data": _manifest_outside,
+    "a damaged part": _damaged,
+    "a decompression bomb": _bomb,
+    "a record of the wrong shape": _wrong_record,
+    "a tokenizer of another model": _tokenizer_of_another_model,
+}
+
+
+@pytest.mark.parametrize("case", list(SYNTHETIC_CASES))
+def test_vocab_on_hostile_synthetic_data_is_one_line_and_changes_nothing(tmp_path, case):
+    root, _ = _project(tmp_path / "project")
+    message = SYNTHETIC_CASES[case](_with_synthetic(root))
+    _refused(root, "vocab", message)
 
 
 def test_vocab_on_a_valid_hand_made_project_runs(tmp_path):
-    """The control: the same project with its shard left valid builds the vocab."""
+    """The control: the same project with its data left valid builds the vocab."""
     root, _ = _project(tmp_path / "project")
+    _with_synthetic(root)
     eagle3(root, "vocab")
     assert json.loads((root / "metrics/vocab.json").read_text())["loss_tokens"] > 0
 
 
-def test_train_on_a_hostile_shard_header_is_one_line_and_changes_nothing(tmp_path):
+@pytest.mark.parametrize("case", list(SHARD_CASES))
+def test_train_on_a_hostile_shard_is_one_line_and_changes_nothing(tmp_path, case):
+    """What training checks as it opens the shards (a damaged record's own line reaches training from a
+    DataLoader worker: tests/test_untrusted_shards.py)."""
     root, shard = _project(tmp_path / "project")
-    message = _header(layer_ids=5)(shard)
+    message = SHARD_CASES[case](shard)
     _refused(root, "train", f"{shard}: {message}")
 
 

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from eagle3.chat.token_layout import Sequence, layout
-from eagle3.errors import Eagle3Error
-from eagle3.files import read_json
 from eagle3.formats.provenance import Provenance, verifier_dir
-from eagle3.formats.synthetic import PART_PATTERN, read_part
+from eagle3.formats.synthetic import PART_PATTERN, read_manifest, read_part
 from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
 
 T = TypeVar("T")
@@ -34,21 +32,14 @@ class Part:
     path: Path
 
 
-def synthetic_parts(root: Path, splits: list[str], manifest: dict[str, Any] | None = None) -> list[Part]:
-    """The parts of `splits` as generate's manifest lists them (read from the project unless given)."""
-    if manifest is None:
-        path = root / SYNTHETIC_MANIFEST
-        if not path.is_file():
-            raise Eagle3Error(f"{path}: missing; run `dvc repro generate` first")
-        manifest = read_json(path, "")
-    parts = []
-    for split in splits:
-        for entry in manifest.get(split, []):
-            match = PART_PATTERN.match(entry["part"])
-            if match is None:
-                raise Eagle3Error(f"{root / SYNTHETIC_MANIFEST}: {entry['part']!r} is not a part name; rerun generate")
-            parts.append(Part(split, int(match[1]), root / SYNTHETIC_DIR / split / entry["part"]))
-    return parts
+def synthetic_parts(root: Path, splits: list[str]) -> list[Part]:
+    """The parts of `splits` as generate's manifest lists them."""
+    manifest = read_manifest(root / SYNTHETIC_MANIFEST)
+    return [
+        Part(split, int(PART_PATTERN.match(entry["part"])[1]), root / SYNTHETIC_DIR / split / entry["part"])
+        for split in splits
+        for entry in manifest.get(split, [])
+    ]
 
 
 def load_tokenizer(root: Path, provenance: Provenance) -> Any:

@@ -36,7 +36,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_confi
 from typing_extensions import NotRequired, TypedDict
 
 from eagle3.errors import Eagle3Error, field_problem
-from eagle3.files import write_bytes, write_json
+from eagle3.files import read_json, write_bytes, write_json
 from eagle3.hashing import sha256_file
 from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
 
@@ -153,6 +153,27 @@ def iter_records(root: Path, split: str) -> Iterator[dict[str, Any]]:
     parts = finished_parts(root / SYNTHETIC_DIR / split)
     for index in sorted(parts):
         yield from read_part(parts[index])
+
+
+@with_config(_STRICT)
+class _ManifestEntry(TypedDict):
+    # pydantic's regex engine (Rust's) ends `$` at the end of the text only: no trailing newline slips through.
+    part: Annotated[str, Field(pattern=PART_PATTERN.pattern)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    records: _Count
+
+
+_MANIFEST = TypeAdapter(dict[str, list[_ManifestEntry]])
+
+
+def read_manifest(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """generate's manifest, checked (it travels through remotes): every split's parts, each a part file name."""
+    if not path.is_file():
+        raise Eagle3Error(f"{path}: missing; run `dvc repro generate` first")
+    try:
+        return _MANIFEST.validate_python(read_json(path, "run `dvc repro generate` first"))
+    except ValidationError as exc:
+        raise Eagle3Error(f"{path}: {field_problem(exc)}; rerun `eagle3 generate` to rewrite it") from None
 
 
 def write_manifest(out: Path, splits: list[str]) -> None:

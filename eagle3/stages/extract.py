@@ -41,7 +41,7 @@ from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture
 from eagle3.engines.hidden_states.batching import in_plan_order, part_batches
 from eagle3.environment import EnvironmentLog, fingerprint
 from eagle3.errors import Eagle3Error
-from eagle3.files import read_json, write_json
+from eagle3.files import write_json
 from eagle3.formats.extracted_parts import PartDone, is_done, read_done, write_done
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
 from eagle3.formats.shards import VERSION, ShardMeta, ShardWriter, shard_name, write_index
@@ -134,7 +134,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     if not resume_or_reset(out, settings).kept:
         step("extract: no finished shards made with these settings; starting fresh")
 
-    parts = synthetic_parts(root, config.splits, read_json(manifest, ""))
+    parts = synthetic_parts(root, config.splits)
     todo = [part for part in parts if ranks.owns(part.index) and not _is_done(out, part)]
     started, extracted = time.monotonic(), Extracted()
     # Per rank, so ranks sharing the directory never remove each other's; left by a killed vllm run, never output.
