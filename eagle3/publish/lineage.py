@@ -261,12 +261,14 @@ def publish(config: ReportParams, export: ExportParams, root: Path) -> None:
     )
 
 
-def training_states(root: Path, records: dict[str, Any]) -> dict[str, Any]:
+def training_states(root: Path, records: dict[str, Any]) -> dict[str, Any] | None:
     """How the states the draft trained on were made: stored by extract (data/hidden) or streamed by train
     (train.hidden_states), with the layers, compute dtype and engine, from the run keys and environment records
-    of the outputs that hold them."""
+    of the outputs that hold them; None for a pipeline without those stages."""
     train = records.get("train", {}).get("params", {}).get("params.yaml", {}).get("train", {})
     streamed = train.get("hidden_states", "stored") == "streamed"
+    if ("train" if streamed else "extract") not in records:
+        return None
     made_in = root / (CHECKPOINT_DIR if streamed else HIDDEN_DIR)
     run = read_json(made_in / "run.json", "run `dvc repro` first")["settings"]
     facts = run["streamed_states"] if streamed else {**run, "backend": run["extract"]["backend"]}

@@ -82,7 +82,8 @@ def render_markdown(lineage: dict[str, Any]) -> str:
             f"`{benchmark_digest(source)}` | {item.get('records')} | "
             f"{item.get('contaminated')} | {item.get('prompts')} |"
         )
-    out += ["", "### Training states", "", training_states_line(lineage["training_states"])]
+    if lineage.get("training_states"):
+        out += ["", "### Training states", "", training_states_line(lineage["training_states"])]
     out += ["", "## Pipeline", "", "```mermaid", lineage["dag_mermaid"], "```", "", "## Artifacts", ""]
     out += ["| path | made by | md5 | size | files | lineage sha256 |", "|---|---|---|---|---|---|"]
     for path, artifact in lineage["artifacts"].items():

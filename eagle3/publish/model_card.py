@@ -307,8 +307,7 @@ def render(
             else ""
         ),
         "",
-        training_states_line(lineage["training_states"]),
-        "",
+        *([training_states_line(lineage["training_states"]), ""] if lineage.get("training_states") else []),
         f"Pipeline ({' → '.join(lineage['order'])}) at git commit `{lineage['code']['commit'] or 'none'}`. "
         "`reports/lineage.md` lists every artifact's md5, the command, inputs and params that made it; "
         "`eagle3 report --check` verifies a checkout against it.",
