@@ -98,10 +98,10 @@ def test_the_buffer_never_holds_more_than_its_budget(tmp_path):
     assert producer.peak > sizes[0] - HEADER_ALLOWANCE
 
 
-def test_phases_publish_only_while_the_verifier_sleeps(tmp_path):
+def test_phases_publish_only_while_the_verifier_sleeps_and_wake_after_every_rank(tmp_path):
     spool = StateSpool(tmp_path / "spool")
     spool.reset()
-    steps = [(s, [[s]]) for s in range(5)]
+    steps = [(s, [[2 * s], [2 * s + 1]]) for s in range(5)]
     events = []
 
     def visible():
@@ -116,12 +116,35 @@ def test_phases_publish_only_while_the_verifier_sleeps(tmp_path):
         wake=lambda: events.append(("wake", len(calls), visible())),
     )
     producer.start()
+    # Rank 1 trains slowly: a verifier woken when rank 0 alone was done would see rank 1's files still there.
+    slow = threading.Thread(target=consume, args=(spool, producer, steps, 1, lambda step: time.sleep(0.3)))
+    slow.start()
     consume(spool, producer, steps, 0)
+    slow.join(timeout=60)
     producer.stop()
-    # Two steps computed, then sleep with nothing published yet; wake only once both were trained on; the last,
-    # short phase sleeps too, and nothing wakes the verifier after it.
+    # Two steps computed, then sleep with nothing published yet; wake only once both ranks trained on both; the
+    # last, short phase sleeps too, and nothing wakes the verifier after it.
     assert events == [("sleep", 2, []), ("wake", 2, []), ("sleep", 4, []), ("wake", 4, []), ("sleep", 5, [])]
     assert producer.phases == 3
+
+
+def test_reset_removes_what_a_killed_run_left(tmp_path):
+    spool = StateSpool(tmp_path / "spool")
+    spool.reset()
+    leftovers = [
+        spool.path(3, 0),
+        spool.directory / f".{spool.path(4, 0).name}.partial",
+        spool.directory / "staging" / spool.path(5, 1).name,
+        spool.directory / "staging" / f".{spool.path(6, 1).name}.partial",
+        spool.directory / "engine" / "request-7" / "states.safetensors",
+    ]
+    for leftover in leftovers:
+        leftover.parent.mkdir(parents=True, exist_ok=True)
+        leftover.write_bytes(b"x" * 10)
+    spool.fail("the killed run's failure")
+    spool.reset()
+    assert [p for p in leftovers if p.exists()] == [] and spool.failure() is None
+    assert not (spool.directory / "engine").exists()
 
 
 def test_a_failure_reaches_every_rank_as_its_line(tmp_path):
@@ -136,9 +159,38 @@ def test_a_failure_reaches_every_rank_as_its_line(tmp_path):
     producer = Producer(spool, plan(world=2), compute, lambda share: 0, 10**9).start()
     assert len(spool.take(0, 1, producer.healthy)) == 2
     with pytest.raises(Eagle3Error, match="^extract.backend hf: the verifier ran out of memory on step 1$"):
-        spool.take(1, 1, lambda: None)  # another rank sees only the spool
+        # Another rank sees only the spool: if the line never reached it, it would wait until the deadline.
+        spool.take(1, 1, _deadline(30))
     with pytest.raises(Eagle3Error, match="out of memory"):
         spool.take(1, 0, producer.healthy)
     producer.stop()
     spool.reset()
     assert spool.failure() is None and not list(spool.directory.glob("*.safetensors"))
+
+
+def _deadline(seconds: float):
+    """A `healthy` that gives up after `seconds`, so a missing failure line fails the test instead of hanging it."""
+    end = time.monotonic() + seconds
+
+    def healthy():
+        if time.monotonic() > end:
+            raise AssertionError(f"no failure line within {seconds} s")
+
+    return healthy
+
+
+def test_a_failure_the_spool_cannot_hold_still_reaches_rank_0(tmp_path, monkeypatch):
+    spool = StateSpool(tmp_path / "spool")
+    spool.reset()
+
+    def compute(positions):
+        raise OSError(28, "No space left on device")
+
+    def fail(message):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spool, "fail", fail)
+    producer = Producer(spool, plan(world=1), compute, lambda share: 0, 10**9).start()
+    with pytest.raises(Eagle3Error, match=r"^train: computing hidden states failed: .*No space left on device"):
+        spool.take(0, 0, producer.healthy)
+    producer.stop()

@@ -175,8 +175,6 @@ def _fit(
     total = plan.total
     collate = Collate.for_draft(draft_config)
     streamed = isinstance(dataset, StreamedData)
-    if streamed:
-        dataset.check_buffer(plan, collate.layers, collate.hidden, config)
     checkpoint = latest_checkpoint(out)
     if checkpoint is not None and read_state(checkpoint).step >= total:
         if world.main:
@@ -195,6 +193,8 @@ def _fit(
     # Page-locked batches let the copy to the GPU run asynchronously, overlapping the previous step.
     pinned = world.device.type == "cuda"
     if streamed:
+        # From the resumed step, as the producer counts its phases, and before any state is computed.
+        dataset.check_buffer(plan, collate.layers, collate.hidden, config)
         scale = dataset.start(plan, config, collate.layers, collate.hidden, fresh=checkpoint is None)
         loader: Any = dataset.batches(plan, collate, pinned)
     else:
@@ -244,6 +244,8 @@ def _fit(
                     log.made(saved.name)
                 world.barrier()
             bar.advance(task)
+            # Not held while the next batch is awaited: a verifier waking between phases gets the GPU memory back.
+            del batch, result
     elapsed = time.monotonic() - started
     if live is not None:
         tokens_done = window.tokens

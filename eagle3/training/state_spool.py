@@ -17,6 +17,7 @@ verifier and goes on. A failure in the producer is written to the spool, so ever
 """
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -34,6 +35,8 @@ _FAILED = "FAILED"
 _SCALE = "aux_scale.safetensors"
 _STAGING = "staging"
 _STEP_FILES = "step-*.safetensors"
+# The capture engine's own scratch files (vLLM's connector writes each request's states there).
+ENGINE_SCRATCH = "engine"
 
 
 def share_bytes(lengths: Iterable[int], layers: int, hidden: int) -> int:
@@ -49,12 +52,18 @@ class StateSpool:
         return self.directory / f"step-{step:09d}.rank-{rank:04d}.safetensors"
 
     def reset(self) -> None:
-        """Empty the spool (rank 0, before any rank reads): files of a killed run are not this run's."""
+        """Empty the spool (rank 0, before any rank reads): files of a killed run are not this run's, half-written
+        ones (`.*.partial`) and the engine's scratch included, which the budget does not count."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        for stale in [*self.directory.glob(_STEP_FILES), *self.directory.glob(f"{_STAGING}/{_STEP_FILES}")]:
-            stale.unlink(missing_ok=True)
+        for folder in (self.directory, self.directory / _STAGING):
+            for stale in [*folder.glob(_STEP_FILES), *folder.glob(".*.partial")]:
+                stale.unlink(missing_ok=True)
+        shutil.rmtree(self.directory / ENGINE_SCRATCH, ignore_errors=True)
         (self.directory / _FAILED).unlink(missing_ok=True)
         self.drop_scale()
+
+    def ready(self, step: int, rank: int) -> bool:
+        return self.path(step, rank).is_file()
 
     def publish_scale(self, scale: torch.Tensor) -> None:
         """fc's input scale, measured by rank 0 on a fresh run, for every rank."""
@@ -105,14 +114,9 @@ class StateSpool:
         except FileNotFoundError:
             return None
 
-    def take(
-        self, step: int, rank: int, healthy: Callable[[], None], idle: Callable[[], None] = lambda: None
-    ) -> list[torch.Tensor]:
-        """This rank's states for `step`, waiting until they are there; `healthy` raises if they never will be,
-        `idle` runs once before a wait (the trainer hands its cached GPU memory back to the waking verifier)."""
+    def take(self, step: int, rank: int, healthy: Callable[[], None]) -> list[torch.Tensor]:
+        """This rank's states for `step`, waiting until they are there; `healthy` raises if they never will be."""
         path, pause = self.path(step, rank), 0.005
-        if not path.is_file():
-            idle()
         while not _arrived(path, healthy):
             if (message := self.failure()) is not None:
                 raise Eagle3Error(message)
@@ -163,6 +167,7 @@ class Producer:
         self.phase_steps, self.sleep, self.wake = phase_steps, sleep, wake
         self.peak = 0
         self.phases = 0
+        self._error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="train-states-producer", daemon=True)
 
@@ -172,9 +177,10 @@ class Producer:
 
     def healthy(self) -> None:
         """Raises the producer's error, or says it ended early; returns while it may still write."""
-        if (message := self.spool.failure()) is not None:
+        alive = self._thread.is_alive()  # first: a producer that fails after this look has written its line
+        if (message := self.spool.failure() or self._error) is not None:
             raise Eagle3Error(message)
-        if not self._thread.is_alive():
+        if not alive:
             raise Eagle3Error("train: the hidden-state producer stopped before the last step; rerun `eagle3 train`")
 
     def stop(self) -> None:
@@ -189,7 +195,11 @@ class Producer:
                 self._in_phases()
         except BaseException as exc:  # every rank stops with this line (StateSpool.take)
             message = str(exc) if isinstance(exc, Eagle3Error) else f"train: computing hidden states failed: {exc!r}"
-            self.spool.fail(message)
+            self._error = message  # rank 0 reports it even when the spool cannot take it (a full disk)
+            try:
+                self.spool.fail(message)
+            except OSError:
+                pass
 
     def _wait(self, ready: Callable[[], bool]) -> bool:
         """Wait until `ready()`; False when told to stop."""

@@ -41,7 +41,7 @@ from eagle3.progress import progress
 from eagle3.stages.extract import EXTRACTION_VERSION, compute_dtype, layer_ids
 from eagle3.training.data import SCALE_SAMPLES, BatchPlan, measure_aux_scale
 from eagle3.training.distributed import Dist
-from eagle3.training.state_spool import Producer, StateSpool, rank_shares, share_bytes
+from eagle3.training.state_spool import ENGINE_SCRATCH, Producer, StateSpool, rank_shares, share_bytes
 
 # Bump when the same inputs give other store files, so an old store is rebuilt instead of read.
 STORE_VERSION = 1
@@ -53,11 +53,11 @@ class TokenStore:
     every rank pairs with the states it receives."""
 
     def __init__(self, directory: Path):
-        self.directory = directory
         self.offsets = np.fromfile(directory / "offsets.bin", dtype=np.int64)
         self.input_ids = np.memmap(directory / "input_ids.bin", dtype=np.int32, mode="r")
         self.loss_mask = np.memmap(directory / "loss_mask.bin", dtype=np.uint8, mode="r")
-        self.sample_ids = (directory / "sample_ids.txt").read_text(encoding="utf-8").splitlines()
+        # split, not splitlines: an id may hold characters splitlines also breaks at (\x85, \u2028).
+        self.sample_ids = (directory / "sample_ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
         # Tokens per sequence, by global position: what BatchPlan batches by.
         self.lengths = torch.from_numpy(np.diff(self.offsets))
 
@@ -137,6 +137,7 @@ class StreamedData:
         self._capture: HiddenStateCapture | None = None
         self.producer: Producer | None = None
         self.phases = False
+        self._finished = False
 
     def __len__(self) -> int:
         return len(self.store)
@@ -170,10 +171,15 @@ class StreamedData:
             "max_seq_len": extract.max_seq_len,
         }
         directory = root / STREAM_DIR / "train"
-        # One process per machine lays the data out (each machine has its own project); the others wait for it
-        # without a collective, which would time out on a long layout.
+        # One process per machine lays the data out; the others wait for it without a collective, which would time
+        # out on a long layout. Machines sharing one project directory race to build the same layout: a build that
+        # loses the final rename to another machine's finds that one built.
         if world.rank % world.local_size == 0 and not TokenStore.is_built(directory, layout_key):
-            TokenStore.build(directory, layout_key, parts, load_tokenizer(root, provenance), extract.max_seq_len)
+            try:
+                TokenStore.build(directory, layout_key, parts, load_tokenizer(root, provenance), extract.max_seq_len)
+            except OSError:
+                if not TokenStore.is_built(directory, layout_key):
+                    raise
         while not TokenStore.is_built(directory, layout_key):
             time.sleep(0.2)
         store = TokenStore(directory)
@@ -193,7 +199,7 @@ class StreamedData:
             provenance,
             layers,
             extract,
-            spool / "vllm",
+            spool / ENGINE_SCRATCH,
             dtype,
             sleep_mode=config.stream_phase_steps is not None,
         )
@@ -238,10 +244,14 @@ class StreamedData:
         # Quick, so no collective waits on the verifier's start: after it, nothing of a killed run is left to read.
         self.world.barrier()
         if self.world.main:
-            if fresh:
-                count = min(SCALE_SAMPLES, len(self))
-                spool.publish_scale(measure_aux_scale(self.states(list(range(count))), layers - 1))
-            capture = self.capture
+            try:
+                if fresh:
+                    spool.publish_scale(measure_aux_scale(self._scale_states(config.batch_size), layers - 1))
+                capture = self.capture
+            except BaseException as exc:
+                message = str(exc) if isinstance(exc, Eagle3Error) else f"train: starting the verifier failed: {exc!r}"
+                spool.fail(message)
+                raise
             self.producer = Producer(
                 spool,
                 _steps(plan, self.world.size),
@@ -253,6 +263,13 @@ class StreamedData:
                 wake=capture.wake_up,
             ).start()
         return spool.take_scale(self._healthy) if fresh else None
+
+    def _scale_states(self, group: int) -> Iterator[torch.Tensor]:
+        """The first samples' states, computed `group` sequences at a time: at 16K tokens all SCALE_SAMPLES at
+        once would be ~60 GB of host memory."""
+        count = min(SCALE_SAMPLES, len(self))
+        for first in range(0, count, group):
+            yield from self.states(list(range(first, min(first + group, count))))
 
     def _idle(self) -> None:
         # Between phases the verifier wakes into the memory the trainer's allocator still holds: give it back.
@@ -268,14 +285,18 @@ class StreamedData:
     def batches(self, plan: BatchPlan, collate: Any, pinned: bool) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's collated batches from plan.start on; a step's file stays in the spool (and counts against
         the buffer) until the trainer asks for the next batch."""
-        previous = None
+        previous, rank = None, self.world.rank
+        self._finished = False
         try:
             for step, positions in enumerate(plan, start=plan.start):
-                # Asked for this batch, the trainer is done with the last one: its file leaves the buffer first,
-                # which is also what tells a producer in phases that the phase has been trained on.
+                # Asked for this batch, the trainer is done with the last one: its file leaves the buffer, which is
+                # also what tells a producer in phases that the phase has been trained on, so a rank about to wait
+                # for the next phase first hands its cached GPU memory back to the verifier that then wakes.
+                if not self.spool.ready(step, rank):
+                    self._idle()
                 if previous is not None:
-                    self.spool.release(previous, self.world.rank)
-                states = self.spool.take(step, self.world.rank, self._healthy, self._idle)
+                    self.spool.release(previous, rank)
+                states = self.spool.take(step, rank, self._healthy)
                 sequences = [self.store.sequence(p) for p in positions]
                 batch = collate(
                     [
@@ -286,9 +307,10 @@ class StreamedData:
                 previous = step
                 yield {k: v.pin_memory() for k, v in batch.items()} if pinned else batch
             if previous is not None:
-                self.spool.release(previous, self.world.rank)
+                self.spool.release(previous, rank)
             if self.world.main:  # every rank took its first step, so every rank has read the scale
                 self.spool.drop_scale()
+            self._finished = True
         finally:
             self.close()
 
@@ -301,6 +323,10 @@ class StreamedData:
     def close(self) -> None:
         if self.producer is not None:
             self.producer.stop()
+            # Rank 0's training stopped early: the other ranks must not wait for its states (a producer's own
+            # failure is already there, and says more).
+            if not self._finished and self.spool.failure() is None:
+                self.spool.fail("train: rank 0 stopped before the last step (its error says why)")
         if self._capture is not None:
             self._capture.close()
             self._capture = None

@@ -45,15 +45,16 @@ class HfHiddenStates:
             output_hidden_states=True,
         ).hidden_states
         hidden_size = states[0].shape[-1]
-        # [batch, layers, tokens, hidden]; with device_map the layers live on different GPUs, each copied directly.
+        # [layers, batch, tokens, hidden]: each layer's copy lands in one contiguous block of pinned memory, so it is
+        # a direct asynchronous transfer. With device_map the layers live on different GPUs: each is waited for.
         host = torch.empty(
-            len(batch), len(self.layers), longest, hidden_size, dtype=torch.bfloat16, pin_memory=self.on_gpu
+            len(self.layers), len(batch), longest, hidden_size, dtype=torch.bfloat16, pin_memory=self.on_gpu
         )
         for position, layer in enumerate(self.layers):
-            host[:, position].copy_(states[layer], non_blocking=True)
-        if self.on_gpu:
-            torch.cuda.synchronize()
-        return [host[row, :, : len(s.input_ids)].contiguous() for row, s in enumerate(batch)]
+            host[position].copy_(states[layer], non_blocking=True)
+        for device in {states[layer].device for layer in self.layers if states[layer].is_cuda}:
+            torch.cuda.synchronize(device)
+        return [host[:, row, : len(s.input_ids)].contiguous() for row, s in enumerate(batch)]
 
     def sleep(self) -> None:
         """On GPUs, every weight moves to host memory (each remembers its device, so a model spread over several
@@ -63,7 +64,9 @@ class HfHiddenStates:
         self._homes = {}
         for tensor in [*self.model.parameters(), *self.model.buffers()]:
             self._homes[id(tensor)] = tensor.device
-            tensor.data = tensor.data.to("cpu")
+            # Pinned, so waking copies back asynchronously at the link's full rate.
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            tensor.data = host.copy_(tensor.data)
         torch.cuda.empty_cache()
 
     def wake_up(self) -> None:
@@ -71,7 +74,8 @@ class HfHiddenStates:
             return
         for tensor in [*self.model.parameters(), *self.model.buffers()]:
             tensor.data = tensor.data.to(self._homes[id(tensor)], non_blocking=True)
-        torch.cuda.synchronize()
+        for device in {home for home in self._homes.values() if home.type == "cuda"}:
+            torch.cuda.synchronize(device)
 
     def close(self) -> None:
         del self.model
