@@ -71,11 +71,7 @@ class StateSpool:
             save_file({"aux_scale": scale}, str(partial))
 
     def take_scale(self, healthy: Callable[[], None]) -> torch.Tensor:
-        path, pause = self.directory / _SCALE, 0.005
-        while not _arrived(path, healthy):
-            time.sleep(pause)
-            pause = min(pause * 2, 0.2)
-        return load_file(path)["aux_scale"]
+        return load_file(self._await(self.directory / _SCALE, healthy))["aux_scale"]
 
     def drop_scale(self) -> None:
         (self.directory / _SCALE).unlink(missing_ok=True)
@@ -116,18 +112,23 @@ class StateSpool:
 
     def take(self, step: int, rank: int, healthy: Callable[[], None]) -> list[torch.Tensor]:
         """This rank's states for `step`, waiting until they are there; `healthy` raises if they never will be."""
-        path, pause = self.path(step, rank), 0.005
-        while not _arrived(path, healthy):
-            if (message := self.failure()) is not None:
-                raise Eagle3Error(message)
-            time.sleep(pause)
-            pause = min(pause * 2, 0.2)
-        tensors = load_file(path)
+        tensors = load_file(self._await(self.path(step, rank), healthy))
         states, lengths = tensors["states"], tensors["lengths"].tolist()
         return list(states.split(lengths, dim=1)) if lengths else []
 
     def release(self, step: int, rank: int) -> None:
         self.path(step, rank).unlink(missing_ok=True)
+
+    def _await(self, path: Path, healthy: Callable[[], None]) -> Path:
+        """`path` once it is there; the failure line written to the spool (any rank sees it) or `healthy` (rank 0
+        also asks its producer) raises if it never will be."""
+        pause = 0.005
+        while not _arrived(path, healthy):
+            if (message := self.failure()) is not None:
+                raise Eagle3Error(message)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+        return path
 
 
 def _arrived(path: Path, healthy: Callable[[], None]) -> bool:

@@ -277,10 +277,9 @@ class StreamedData:
             torch.cuda.empty_cache()
 
     def _healthy(self) -> None:
+        # Other ranks learn of a failure from the spool itself (StateSpool._await).
         if self.producer is not None:
             self.producer.healthy()
-        elif (message := self.spool.failure()) is not None:
-            raise Eagle3Error(message)
 
     def batches(self, plan: BatchPlan, collate: Any, pinned: bool) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's collated batches from plan.start on; a step's file stays in the spool (and counts against
