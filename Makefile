@@ -38,13 +38,15 @@ stop-if = $(if $1,$(error $1))
 
 setup: $(STAMP)
 
-# Sync, not install: a package the lock does not name (one added by hand) goes too.
+# Sync, not install: a package the lock does not name (one added by hand) goes too. Bytecode is compiled here, once:
+# where PYTHONDONTWRITEBYTECODE is set (CI images, containers) every stage and test process would otherwise
+# recompile torch, transformers and vLLM from source on import.
 $(STAMP): $(wildcard $(LOCK)) pyproject.toml constraints.txt
 	$(call stop-if,$(LOCK_PROBLEM))
 	@echo "eagle3 setup: installing $(LOCK)"
 	@set -euo pipefail; \
 	$(install-uv); \
-	"$(UV)" pip sync --quiet --python $(PY) --require-hashes $(SETUP_FIND_LINKS) $(LOCK); \
+	"$(UV)" pip sync --quiet --python $(PY) --require-hashes --compile-bytecode $(SETUP_FIND_LINKS) $(LOCK); \
 	"$(UV)" pip install --quiet --python $(PY) --no-deps --no-build-isolation -e .; \
 	if [ $(BUILD) = cpu ]; then "$(UV)" pip uninstall --quiet --python $(PY) $$($(PY) -m eagle3.locked_environment cpu-removed); fi
 	@rm -f $(VENV)/.installed*

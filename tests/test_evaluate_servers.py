@@ -311,8 +311,10 @@ def check_servers_match_in_process(root: Path, scratch: Path) -> None:
         assert identities["eagle3 k=3"].startswith("configuration checked: eagle3 k=3")
         assert all(s["vllm"] != "unknown" for s in served["environment"]["servers"])
 
-        # Another client on the draft's server while the stage measures it: refused, nothing written.
+        # Another client on the draft's server while the stage measures it: refused, nothing written. The refusal
+        # comes after the first batch, so one held-out prompt and short answers make that batch.
         params["evaluate"]["servers"]["endpoints"] = params["evaluate"]["servers"]["endpoints"][1:]
+        params["evaluate"].update(max_prompts=1, max_tokens=8)
         write_params(root, params)
         (root / "metrics/eval.json").unlink()
         stop = threading.Event()
