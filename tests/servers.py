@@ -114,12 +114,21 @@ class Server:
 
 
 class MotoS3(Server):
-    """moto's S3 server mode (what dvc-s3's own tests use). Its objects live in memory: a kill loses them."""
+    """moto's S3 server mode (what dvc-s3's own tests use). Its objects live in memory: a kill loses them.
+    `dies_after_objects(n)` makes the next start one that SIGKILLs itself as its n-th object is stored: a kill
+    mid-transfer that no timing of the client can slip past."""
 
     bucket = "eagle3-remote"
+    objects_before_death: int | None = None
 
     def command(self) -> list[str]:
+        if self.objects_before_death is not None:
+            return [sys.executable, __file__, "moto-dying", str(self.port), str(self.objects_before_death)]
         return [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(self.port)]
+
+    def dies_after_objects(self, count: int | None) -> "MotoS3":
+        self.objects_before_death = count
+        return self
 
     @property
     def endpoint(self) -> str:
@@ -185,3 +194,28 @@ class Sshd(Server):
         (home / ".ssh").mkdir(parents=True, exist_ok=True)
         (home / ".ssh" / "known_hosts").write_text(self.known_hosts_line() + "\n")
         return home
+
+
+def _moto_dying(port: int, objects: int) -> None:
+    """moto's S3 app that SIGKILLs its own process once `objects` objects are stored, before answering the last."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    os.environ.setdefault("MOTO_PORT", str(port))  # as moto_server sets it
+    app = DomainDispatcherApplication(create_backend_app)
+    stored = []
+
+    def dying(environ, start_response):
+        response = app(environ, start_response)
+        # Path-style addressing: /bucket is the bucket itself, /bucket/key an object.
+        if environ["REQUEST_METHOD"] == "PUT" and environ["PATH_INFO"].strip("/").count("/"):
+            stored.append(environ["PATH_INFO"])
+            if len(stored) >= objects:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return response
+
+    run_simple("127.0.0.1", port, dying, threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["moto-dying"]:
+    _moto_dying(int(sys.argv[2]), int(sys.argv[3]))

@@ -7,6 +7,7 @@ and checks that a fresh clone pulls shards that verify and that `dvc repro` ther
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -179,9 +180,15 @@ def test_s3_remote_survives_a_killed_server(tmp_path):
         _run(root, env, "git", "check-ignore", "-q", ".dvc/config.local")
         assert len(_not_in_remote(root, env)) == SHARDS + 1
 
-        # botocore retries a refused connection with backoff for ~50 s before giving up; one attempt is enough here.
-        _push_killed_midway(root, {**env, "AWS_MAX_ATTEMPTS": "1"}, server, server.object_count)
-        server.start()  # same port; moto keeps objects in memory, so the bucket comes back empty
+        # The server dies as it stores the 5th object. botocore retries a refused connection with backoff for ~50 s
+        # before giving up; one attempt is enough here.
+        server.kill()
+        server.dies_after_objects(5).start()
+        push = _run(root, {**env, "AWS_MAX_ATTEMPTS": "1"}, "dvc", "push", "--jobs", "1", check=False)
+        assert push.returncode != 0, f"a push whose server died reported success:\n{push.stdout}{push.stderr}"
+        assert server.process.wait(timeout=60) == -signal.SIGKILL
+        server.kill()
+        server.dies_after_objects(None).start()  # same port; moto keeps objects in memory: the bucket is empty
         _run(root, env, "dvc", "push", "--jobs", "4")
         assert server.object_count() == SHARDS + 1
         assert _not_in_remote(root, env) == []
