@@ -13,6 +13,9 @@ it was resolved from:
     # input pyproject.toml sha256=<hex>
     # input constraints.txt sha256=<hex>
 
+pyproject.toml's hash covers only what resolution reads from it (`RESOLVED_TABLES`, as canonical JSON), so editing
+the pytest or ruff settings there leaves the lock current; constraints.txt's covers the whole file.
+
 `make setup` runs `python -m eagle3.locked_environment check locks/<build>.txt` first, which prints one line and
 fails when an input changed since (`make lock` re-resolves), or the machine or interpreter is not the lock's. At run
 time `differences` compares every installed distribution with the lock of the build this venv is (vllm installed:
@@ -21,19 +24,22 @@ lists them. Standard library (and eagle3.hashing) only: `make setup` runs this m
 """
 
 import argparse
+import json
 import platform
 import re
 import sys
 from importlib import metadata
 from pathlib import Path
 
-from eagle3.hashing import sha256_file
+from eagle3.hashing import sha256_bytes, sha256_file
 
 # The checkout this module was imported from; a copy without locks/ (an installed wheel, a test's project copy)
 # has nothing to compare with.
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = "locks"
 INPUTS = ("pyproject.toml", "constraints.txt")
+# What `uv pip compile pyproject.toml` reads there: the requirements and extras, the build backend, and uv's settings.
+RESOLVED_TABLES = ("build-system", "project", "tool.uv")
 # Packages each build pins for itself; the locks agree on every other package both hold. torch: the +cpu wheel vs
 # PyPI's CUDA build; triton: PyPI's CUDA torch pins the one it was built with (on CPU only xgrammar asks for one);
 # torchaudio and apache-tvm-ffi: vllm's CUDA build pins exact releases (on CPU the first is removed after install,
@@ -69,13 +75,37 @@ def read_pins(lock: Path) -> dict[str, str]:
     return pins
 
 
+def input_hash(path: Path) -> str:
+    """sha256 of what a lock is resolved from in `path`: for pyproject.toml its `RESOLVED_TABLES`, else all of it."""
+    if path.name != "pyproject.toml":
+        return sha256_file(path)
+    # Python 3.11+: imported only once `check` has refused any other interpreter in one line.
+    import tomllib
+
+    document = tomllib.loads(path.read_text(encoding="utf-8"))
+    tables = {}
+    for dotted in RESOLVED_TABLES:
+        table = document
+        for key in dotted.split("."):
+            table = table.get(key, {})
+        tables[dotted] = table
+    return sha256_bytes(json.dumps(tables, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _what_changed(name: str) -> str:
+    if name == "pyproject.toml":
+        return "another " + " / ".join(f"[{table}]" for table in RESOLVED_TABLES) + " in pyproject.toml"
+    return f"another {name}"
+
+
 def _shown(lock: Path) -> str:
     return f"{lock.resolve().parent.name}/{lock.name}"
 
 
 def check(lock: Path) -> str | None:
     """Why `make setup` must not install `lock` (one line), or None: a missing lock or header, an input of
-    `INPUTS` changed since it was resolved, or this interpreter is not the lock's Python."""
+    `INPUTS` changed since it was resolved, or this interpreter is not the lock's Python (checked first: reading
+    pyproject.toml needs the lock's Python)."""
     shown = _shown(lock)
     if not lock.is_file():
         return f"{shown}: missing; run `make lock`"
@@ -89,10 +119,6 @@ def check(lock: Path) -> str | None:
             inputs[match.group(1)] = match.group(2)
     if target is None or set(inputs) != set(INPUTS):
         return f"{shown}: no `# eagle3 lock` / `# input` header, not written by `make lock`; run `make lock`"
-    root = lock.resolve().parents[1]
-    for name in INPUTS:
-        if sha256_file(root / name) != inputs[name]:
-            return f"{shown} was resolved from another {name}; run `make lock`"
     python, platform_tag = target
     machine = f"{sys.platform} {platform.machine()}"
     if machine != f"linux {platform_tag.split('-')[0]}":
@@ -103,6 +129,10 @@ def check(lock: Path) -> str | None:
             f"{shown} is for Python {python}, {sys.executable} is Python {running}; make the venv with Python "
             f"{python}: `make clean-venv setup PYTHON=python{python}`"
         )
+    root = lock.resolve().parents[1]
+    for name in INPUTS:
+        if input_hash(root / name) != inputs[name]:
+            return f"{shown} was resolved from {_what_changed(name)}; run `make lock`"
     return None
 
 
@@ -110,7 +140,7 @@ def stamp(lock: Path, python: str, platform_tag: str) -> None:
     """Put the header `check` reads above what uv wrote (replacing an earlier one)."""
     root = lock.resolve().parents[1]
     header = [f"# eagle3 lock for Python {python} on {platform_tag}"]
-    header += [f"# input {name} sha256={sha256_file(root / name)}" for name in INPUTS]
+    header += [f"# input {name} sha256={input_hash(root / name)}" for name in INPUTS]
     body = [
         line
         for line in lock.read_text(encoding="utf-8").splitlines()

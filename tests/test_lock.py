@@ -102,15 +102,46 @@ def _checkout(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("changed", ["pyproject.toml", "constraints.txt"])
-def test_a_changed_input_makes_the_lock_stale(tmp_path, changed):
+STALE_PYPROJECT = "another [build-system] / [project] / [tool.uv] in pyproject.toml"
+# (file, text, what replaces it): an edit after `make lock` that resolution would see. "" appends.
+INPUT_EDITS = {
+    "dependency": ("pyproject.toml", "\ndependencies = [\n", '\ndependencies = [\n    "six>=1.16",\n'),
+    "build-backend": ("pyproject.toml", '"setuptools.build_meta"', '"hatchling.build"'),
+    "uv-setting": ("pyproject.toml", "", '\n[tool.uv]\nindex-url = "https://mirror.example/simple"\n'),
+    "constraints": ("constraints.txt", "", "\n# an edit\n"),
+}
+
+
+def _edit(root: Path, edit: str) -> None:
+    name, old, new = INPUT_EDITS[edit]
+    text = (root / name).read_text()
+    assert old in text
+    (root / name).write_text(text.replace(old, new, 1) if old else text + new)
+
+
+@pytest.mark.parametrize("edit", INPUT_EDITS)
+def test_a_changed_input_makes_the_lock_stale(tmp_path, edit):
     root = _checkout(tmp_path)
-    with open(root / changed, "a") as handle:
-        handle.write("\n# an edit after `make lock`\n")
+    _edit(root, edit)
+    changed = STALE_PYPROJECT if INPUT_EDITS[edit][0] == "pyproject.toml" else "another constraints.txt"
     for build, lock in LOCKS.items():
-        assert locked.check(root / "locks" / lock.name) == (
-            f"locks/{build}.txt was resolved from another {changed}; run `make lock`"
+        assert (
+            locked.check(root / "locks" / lock.name)
+            == f"locks/{build}.txt was resolved from {changed}; run `make lock`"
         )
+
+
+def test_tool_settings_in_pyproject_leave_the_lock_current(tmp_path):
+    """pytest and ruff settings live in pyproject.toml too; resolution never reads them."""
+    root = _checkout(tmp_path)
+    pyproject = root / "pyproject.toml"
+    text = pyproject.read_text()
+    assert "timeout = 1200" in text and "line-length = 120" in text
+    pyproject.write_text(
+        text.replace("timeout = 1200", "timeout = 60").replace("line-length = 120", "line-length = 100")
+        + "\n# a comment\n"
+    )
+    assert [locked.check(root / "locks" / lock.name) for lock in LOCKS.values()] == [None, None]
 
 
 def test_a_lock_for_another_python_or_platform_or_without_its_header_is_refused(tmp_path):
@@ -144,13 +175,12 @@ def _make(root: Path, *args: str, env: dict | None = None) -> subprocess.Complet
 
 def test_make_setup_refuses_a_stale_lock_in_one_line_and_installs_nothing(tmp_path):
     root = _checkout(tmp_path)
-    with open(root / "pyproject.toml", "a") as handle:
-        handle.write("\n# a dependency added without `make lock`\n")
+    _edit(root, "dependency")
     venv = tmp_path / "venv"
     result = _make(root, "setup", f"VENV={venv}", f"PYTHON={sys.executable}")
     assert (result.returncode, result.stdout) == (2, "")
     assert re.fullmatch(
-        rf"Makefile:\d+: \*\*\* locks/{BUILD}\.txt was resolved from another pyproject\.toml; run `make lock`\.  "
+        rf"Makefile:\d+: \*\*\* locks/{BUILD}\.txt was resolved from {re.escape(STALE_PYPROJECT)}; run `make lock`\.  "
         r"Stop\.\n",
         result.stderr,
     ), result.stderr
