@@ -213,8 +213,13 @@ def _write_metrics(
     write_json(root / GENERATE_METRICS, metrics)
     step(
         f"generated {totals['ok']} conversations ({totals['completion_tokens']} completion tokens), "
-        f"skipped {dict(skipped) or 0}; this run: {metrics['this_run']['completion_tokens_per_s']} tok/s -> "
-        f"{SYNTHETIC_DIR}"
+        f"skipped {dict(skipped) or 0}; "
+        + (
+            f"this run: {stats['completion_tokens'] / elapsed:.1f} tok/s"
+            if stats["samples"] and elapsed > 0
+            else "every part was already finished"
+        )
+        + f" -> {SYNTHETIC_DIR}"
     )
 
 
