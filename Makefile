@@ -34,19 +34,25 @@ SSHD_PROBLEM = $(shell \
 # Stops make with the one line in $1, if any ($(call) expands its argument once, so each check runs once).
 stop-if = $(if $1,$(error $1))
 
-.PHONY: setup lock repro test gpu-check lint system-packages clean-venv
+.PHONY: setup lock repro test gpu-check lint system-packages clean-venv FORCE
 
 setup: $(STAMP)
 
-# Sync, not install: a package the lock does not name (one added by hand) goes too. Bytecode is compiled here, once:
-# where PYTHONDONTWRITEBYTECODE is set (CI images, containers) every stage and test process would otherwise
-# recompile torch, transformers and vLLM from source on import.
-$(STAMP): $(wildcard $(LOCK)) pyproject.toml constraints.txt
+# How a stamped venv differs from its lock (a package removed or changed by hand), or nothing: a difference makes the
+# stamp out of date, so the sync below runs again and repairs it.
+DRIFT := $(if $(wildcard $(STAMP)),$(if $(wildcard $(PY)),$(shell $(PY) -m eagle3.locked_environment drift 2>&1)))
+
+# Sync, not install: a package the lock does not name (one added by hand) goes too. Every package is reinstalled
+# from its file, so each file is checked against the lock's hash: an edited lock fails here, not silently. Bytecode
+# is compiled here, once: where PYTHONDONTWRITEBYTECODE is set (CI images, containers) every stage and test process
+# would otherwise recompile torch, transformers and vLLM from source on import.
+$(STAMP): $(wildcard $(LOCK)) pyproject.toml constraints.txt $(if $(DRIFT),FORCE)
 	$(call stop-if,$(LOCK_PROBLEM))
+	$(if $(DRIFT),$(info eagle3 setup: $(DRIFT): re-syncing))
 	@echo "eagle3 setup: installing $(LOCK)"
 	@set -euo pipefail; \
 	$(install-uv); \
-	"$(UV)" pip sync --quiet --python $(PY) --require-hashes --compile-bytecode $(SETUP_FIND_LINKS) $(LOCK); \
+	"$(UV)" pip sync --quiet --reinstall --python $(PY) --require-hashes --compile-bytecode $(SETUP_FIND_LINKS) $(LOCK); \
 	"$(UV)" pip install --quiet --python $(PY) --no-deps --no-build-isolation -e .; \
 	if [ $(BUILD) = cpu ]; then "$(UV)" pip uninstall --quiet --python $(PY) $$($(PY) -m eagle3.locked_environment cpu-removed); fi
 	@rm -f $(VENV)/.installed*
@@ -80,11 +86,11 @@ fi
 endef
 
 # Stage commands call `python`: put the venv first so DVC runs them with the project's interpreter.
-repro: $(STAMP)
+repro: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
 
 # Lint first: it takes a second and names the line, where a test failure would take minutes.
-lint: $(STAMP)
+lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
@@ -95,17 +101,25 @@ system-packages:
 # Two workers (pytest-xdist; tests/conftest.py says how files are shared out): the end-to-end tests wait on
 # subprocesses and servers often enough that two keep two cores busy. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
+# CPU_KIND=avx2|avx512-bf16|amx runs the suite as that kind of CPU, capped from a machine that has it
+# (tests/cpu_kinds.py checks the caps took effect first); empty: the machine's own kind.
+CPU_KIND ?=
 test: system-packages lint
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(TEST_WORKERS)
+	@set -euo pipefail; \
+	caps=$$($(if $(CPU_KIND),$(PY) tests/cpu_kinds.py $(CPU_KIND),true)); \
+	$(if $(CPU_KIND),echo "make test: as $(CPU_KIND): $$caps";) \
+	env $$caps PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(TEST_WORKERS)
 
 # Before the hero run, on the machine it will use: the CUDA-only tests, then `eagle3 preflight` on the smoke params
 # in a scratch project (its verifier stage fetches the embedded verifier), so nothing of this project is touched.
 GPU_CHECK_DIR := .eagle3/gpu-check
-gpu-check: $(STAMP)
+gpu-check: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m gpu tests/test_gpu.py
 	mkdir -p $(GPU_CHECK_DIR) && cp tests/smoke/params.yaml $(GPU_CHECK_DIR)/params.yaml
 	cd $(GPU_CHECK_DIR) && { test -f models/verifier/provenance.json || $(CURDIR)/$(PY) -m eagle3.cli verifier; }
 	cd $(GPU_CHECK_DIR) && $(CURDIR)/$(PY) -m eagle3.cli preflight
+
+FORCE:
 
 clean-venv:
 	rm -rf $(VENV)

@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cli.add_arguments(
         commands.add_parser("plan", help="hero-run disk, time and cost: extract here and ship, or extract there")
     )
+    from eagle3.tools import configs
+
+    configs.add_arguments(
+        commands.add_parser("init", help="write a shipped configuration (e.g. kimi-k2.5, the hero run) as params.yaml")
+    )
     from eagle3.tools import preflight
 
     preflight.add_arguments(
@@ -80,14 +85,22 @@ def main(argv: list[str] | None = None) -> int:
             from eagle3.tools import plan_cli
 
             plan_cli.main(args)
+        elif args.command == "init":
+            from eagle3.tools import configs
+
+            configs.main(args)
         elif args.command == "preflight":  # not a stage: measures the machine, writes no pipeline output
             from eagle3.tools import preflight
 
             return preflight.main(args)
         else:
-            from eagle3.config import load_params
+            from eagle3.config import check_against_verifier, load_params
 
-            print(json.dumps(load_params(args.params).model_dump(mode="json"), indent=2))
+            params = load_params(args.params)
+            check_against_verifier(params, args.params)
+            for warning in params.warnings():
+                print(f"eagle3 check: warning: {args.params.name}: {warning}", file=sys.stderr)
+            print(json.dumps(params.model_dump(mode="json"), indent=2))
     except Eagle3Error as exc:
         print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code

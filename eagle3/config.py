@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import model_validator
 
+from eagle3.errors import Eagle3Error
 from eagle3.params.base import Section
 from eagle3.params.benchmarks import BenchmarksParams
 from eagle3.params.evaluate import EvaluateParams
@@ -45,7 +46,70 @@ class Params(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _settings_that_would_go_wrong_hours_later(self) -> "Params":
+        """Combinations no run can mean, refused before any stage starts (each found only hours later otherwise)."""
+        answer, sequence = self.generate.sampling.max_tokens, self.extract.max_seq_len
+        if answer >= sequence:
+            raise ValueError(
+                f"extract.max_seq_len: {sequence} tokens cannot hold an answer of generate.sampling.max_tokens "
+                f"({answer}) with its prompt, so long answers would be cut; raise extract.max_seq_len above {answer}"
+            )
+        if self.generate.backend == "vllm" and self.generate.vllm.max_model_len <= answer:
+            raise ValueError(
+                f"generate.vllm.max_model_len: {self.generate.vllm.max_model_len} leaves no room for a prompt beside "
+                f"generate.sampling.max_tokens ({answer}); raise it above {answer}"
+            )
+        evaluate = self.evaluate
+        if evaluate.backend == "engines" and evaluate.vllm.max_model_len <= evaluate.max_tokens:
+            raise ValueError(
+                f"evaluate.vllm.max_model_len: {evaluate.vllm.max_model_len} leaves no room for a prompt beside "
+                f"evaluate.max_tokens ({evaluate.max_tokens}); raise it above {evaluate.max_tokens}"
+            )
+        missing = [split for split in self.extract.splits if split not in self.generate.splits]
+        if missing:
+            raise ValueError(
+                f"extract.splits: {missing} are not regenerated (generate.splits is {self.generate.splits}); "
+                "extract reads the verifier's answers: add them to generate.splits"
+            )
+        return self
+
+    def warnings(self) -> list[str]:
+        """Settings a user may want but that usually mean a mistake, one line each naming the keys."""
+        found = []
+        depth = self.train.ttt_steps
+        served = {"export.num_speculative_tokens": self.export.num_speculative_tokens}
+        served["evaluate.headline_k"] = self.evaluate.headline_k
+        for key, k in served.items():
+            if k > depth:
+                found.append(
+                    f"{key} is {k} but train.ttt_steps is {depth}: draft positions past {depth} are never trained, "
+                    "so their acceptance collapses"
+                )
+        return found
+
 
 def load_params(path: Path | str = "params.yaml") -> Params:
     path = Path(path)
     return validate(read_yaml(path), Params, path)
+
+
+def check_against_verifier(params: Params, path: Path) -> None:
+    """What needs the verifier's shape (the verifier stage's record, where it has run): Eagle3Error naming the key."""
+    from eagle3.formats.provenance import read_provenance
+    from eagle3.paths import PROVENANCE
+
+    root = path.resolve().parent
+    if not (root / PROVENANCE).is_file():
+        return
+    provenance = read_provenance(root)
+    if params.vocab.draft_vocab_size > provenance.vocab_size:
+        raise Eagle3Error(
+            f"{path}: vocab.draft_vocab_size: {params.vocab.draft_vocab_size} exceeds the verifier's vocabulary "
+            f"({provenance.vocab_size} tokens, {PROVENANCE.as_posix()}); lower it"
+        )
+    if params.extract.max_seq_len > provenance.max_position_embeddings:
+        raise Eagle3Error(
+            f"{path}: extract.max_seq_len: {params.extract.max_seq_len} exceeds the verifier's context "
+            f"(max_position_embeddings {provenance.max_position_embeddings}); lower it"
+        )

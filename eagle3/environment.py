@@ -60,6 +60,11 @@ SWITCHES = (
     "CUBLAS_WORKSPACE_CONFIG",
     "NCCL_ALGO",
     "NCCL_PROTO",
+    # A machine's own name for itself ("here", "there"), set by the user: the lineage then says which machine made
+    # what. Not a host name: nothing is recorded that the user did not choose to publish.
+    "EAGLE3_MACHINE",
+    # Intel's oneMKL: caps the ISA of its float32 GEMMs (tests/cpu_kinds.py), which changes their rounding.
+    "MKL_ENABLE_INSTRUCTIONS",
 )
 # Fields that do not change bytes, only speed: left out of `fingerprint`.
 _SPEED_ONLY = ("threads",)

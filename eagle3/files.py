@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,8 +39,68 @@ def read_json(path: Path, missing_hint: str) -> Any:
         raise Eagle3Error(f"{path.as_posix()}: not valid JSON ({exc})") from None
 
 
+def read_report_json(path: Path, what: str, fix: str, limit: int = 16_000_000) -> Any:
+    """The JSON in a file another tool or machine made (a preflight report, metrics): a regular file of at most
+    `limit` bytes, with no NaN or Infinity (which no figure may be); anything else is one error naming the file.
+    FileNotFoundError is left to the caller, which knows how the file is made."""
+    try:
+        status = os.stat(path)
+        if not stat.S_ISREG(status.st_mode):
+            raise Eagle3Error(f"{path}: not a regular file, so not {what}; {fix}")
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise Eagle3Error(f"{path}: cannot read it ({exc.strerror or exc}); {fix}") from None
+    if len(data) > limit:
+        raise Eagle3Error(f"{path}: more than {limit:,} bytes, far more than {what} holds; {fix}")
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number a figure may be")
+
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=no_constant)
+    except RecursionError:
+        raise Eagle3Error(f"{path}: nested too deeply to be {what}; {fix}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Eagle3Error(f"{path}: not {what} ({str(exc).splitlines()[0]}); {fix}") from None
+
+
 def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OS error for a full disk or quota, or a library's wrapping of one (safetensors raises its own type)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    # pyarrow and safetensors carry the OS error in their message only.
+    return "No space left on device" in str(exc) or "os error 28" in str(exc)
+
+
+def disk_full_message(path: Path, needed: int | None = None) -> str:
+    """One line for a full disk while writing `path`: how much it needed (where known) and how much is free."""
+    place = path
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    free = shutil.disk_usage(place).free
+    need = f"it needs {needed:,} bytes, " if needed is not None else ""
+    return (
+        f"{path}: no space left on the device ({need}{free:,} bytes free there); free space or move the output to a "
+        "larger volume (a symlink to it works), then rerun: finished work is kept"
+    )
+
+
+@contextmanager
+def space_for(path: Path, needed: int | None = None) -> Iterator[None]:
+    """A full disk while writing `path` becomes one Eagle3Error line (`disk_full_message`)."""
+    try:
+        yield
+    except Exception as exc:
+        if is_disk_full(exc):
+            raise Eagle3Error(disk_full_message(path, needed)) from None
+        raise
 
 
 def partial_path(path: Path) -> Path:
@@ -53,7 +114,8 @@ def atomic_path(path: Path) -> Iterator[Path]:
     partial = partial_path(path)
     _remove(partial)
     try:
-        yield partial
+        with space_for(path):
+            yield partial
     except BaseException:
         _remove(partial)
         raise
@@ -114,7 +176,7 @@ def remove_unheld(partial: Path) -> bool:
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    with held_partial(path) as handle:
+    with space_for(path, len(data)), held_partial(path) as handle:
         handle.write(data)
 
 
@@ -133,13 +195,44 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def output_dir(out: Path) -> Path:
+    """Where an output directory's files really are: `out` itself, or the directory a symlink at `out` points to
+    (an output put on another volume), which must exist; a mount point at `out` is `out`."""
+    if out.is_symlink():
+        target = out.resolve()
+        if not target.is_dir():
+            raise Eagle3Error(
+                f"{out} links to {target}, which is not a directory; create it (or remove the link to keep the output "
+                "in the project)"
+            )
+        return target
+    return out
+
+
+def empty_dir(out: Path) -> None:
+    """Remove everything inside `out` but `out` itself, which may be a symlink to, or a mount of, another volume."""
+    out = output_dir(out)
+    if not out.exists():
+        return
+    for entry in out.iterdir():
+        _remove(entry)
+
+
 @contextmanager
 def staged_dir(out: Path) -> Iterator[Path]:
     """Yield an empty scratch directory beside `out`; on success it replaces `out`, on any error it is deleted.
 
-    A run killed at any point leaves either the previous `out` or the new one, never a mix.
+    A run killed at any point leaves either the previous `out` or the new one, never a mix. Where `out` links to
+    another volume, the link stays and its target is replaced, staged beside the target. Where `out` is a mount
+    point, which cannot be renamed, the scratch is inside it and its entries are swapped in one by one after the old
+    ones are moved aside: a kill in between leaves them under hidden names that the next run removes.
     """
     out.parent.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out)
+    if out.is_mount():
+        with _staged_in_mount(out) as staging:
+            yield staging
+        return
     with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as scratch:
         staging = Path(scratch) / out.name
         staging.mkdir()
@@ -150,3 +243,28 @@ def staged_dir(out: Path) -> Iterator[Path]:
             os.replace(out, old)
         os.replace(staging, out)
         shutil.rmtree(old, ignore_errors=True)
+
+
+_MOUNT_STAGING, _MOUNT_OLD = ".eagle3-staging", ".eagle3-old"
+
+
+@contextmanager
+def _staged_in_mount(out: Path) -> Iterator[Path]:
+    for leftover in (_MOUNT_STAGING, _MOUNT_OLD):
+        _remove(out / leftover)
+    staging = out / _MOUNT_STAGING
+    staging.mkdir()
+    try:
+        yield staging
+    except BaseException:
+        _remove(staging)
+        raise
+    old = out / _MOUNT_OLD
+    old.mkdir()
+    for entry in out.iterdir():
+        if entry.name not in (_MOUNT_STAGING, _MOUNT_OLD):
+            os.replace(entry, old / entry.name)
+    for entry in staging.iterdir():
+        os.replace(entry, out / entry.name)
+    _remove(staging)
+    _remove(old)

@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     stamping.add_argument("locks", type=Path, nargs="+")
     commands.add_parser("shared-pins", help="LOCK's pins but the build-specific ones").add_argument("lock", type=Path)
     commands.add_parser("cpu-removed", help="what `make setup` removes after installing the CPU lock")
+    commands.add_parser("drift", help="one line and exit 1 where this environment differs from its lock")
     args = parser.parse_args(argv)
     if args.command == "check":
         problem = check(args.lock)
@@ -229,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             stamp(lock, args.python, args.platform)
     elif args.command == "shared-pins":
         print("\n".join(shared_pins(args.lock)))
+    elif args.command == "drift":
+        warning = environment_warning()
+        if warning:
+            print(warning.removeprefix("warning: "), file=sys.stderr)
+            return 1
     else:
         print(" ".join(CPU_REMOVED))
     return 0

@@ -7,6 +7,9 @@ stages, which then resume from what they find (generate and extract redo no fini
 
 from pathlib import Path
 
+# The project's parameters; the project root is its directory.
+PARAMS_FILE = Path("params.yaml")
+
 # verifier
 VERIFIER_DIR = Path("models/verifier")
 PROVENANCE = VERIFIER_DIR / "provenance.json"

@@ -10,11 +10,10 @@ empties the directory first, so pieces made with different settings are never mi
 import fcntl
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from eagle3.files import remove_unheld, write_json
+from eagle3.files import empty_dir, remove_unheld, write_json
 from eagle3.paths import LAST_RUN_DIR
 
 RUN_FILE = "run.json"
@@ -44,8 +43,8 @@ def resume_or_reset(out: Path, settings: dict[str, Any]) -> Resumed:
             run_file = out / RUN_FILE
             kept = run_file.is_file() and json.loads(run_file.read_text(encoding="utf-8")).get("key") == key
             if not kept:
-                if out.exists():
-                    shutil.rmtree(out)
+                # The directory itself stays: it may link to, or be a mount of, another volume (docs/hero-run.md).
+                empty_dir(out)
                 write_json(run_file, {"key": key, "settings": settings})
             for partial in out.rglob("*.partial"):
                 remove_unheld(partial)

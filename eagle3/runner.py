@@ -13,18 +13,42 @@ from pathlib import Path
 from types import ModuleType
 
 from eagle3.errors import Eagle3Error
+from eagle3.files import disk_full_message, is_disk_full
 from eagle3.locked_environment import environment_warning
-from eagle3.params.loading import read_yaml, validate
+from eagle3.params.loading import read_yaml, use_params_file, validate
 from eagle3.secret_filter import guard_output
+
+
+def _missing_module_in_one_line(kind, value, traceback) -> None:
+    """A module the environment lacks (a package removed from the venv, a broken install) is one line saying what to
+    run, wherever it is imported: stage modules are imported after this one (stages/<name>.py, eagle3/cli.py)."""
+    if issubclass(kind, ModuleNotFoundError):
+        print(
+            f"eagle3: error: module {value.name!r} is not installed in this environment ({sys.prefix}); run "
+            "`make setup`, which re-syncs the venv to the lock",
+            file=sys.stderr,
+        )
+        return
+    _previous_excepthook(kind, value, traceback)
+
+
+_previous_excepthook = sys.excepthook
+sys.excepthook = _missing_module_in_one_line
 
 # Validates the whole params file before any stage starts (see eagle3/config.py); imported by name because no
 # stage output depends on it, so it is not among any stage's DVC deps.
 _WHOLE_FILE = "eagle3.config"
 
 
-def load_stage_params(stage: ModuleType, path: Path):
+def load_stage_params(stage: ModuleType, path: Path, command: str):
+    use_params_file(path)
     raw = read_yaml(path)
-    validate(raw, importlib.import_module(_WHOLE_FILE).Params, path)
+    whole_file = importlib.import_module(_WHOLE_FILE)
+    everything = validate(raw, whole_file.Params, path)
+    whole_file.check_against_verifier(everything, path)
+    if "WORLD_SIZE" not in os.environ:  # once per stage, not once per training process
+        for warning in everything.warnings():
+            print(f"eagle3 {command}: warning: {path.name}: {warning}", file=sys.stderr)
     return validate(raw, stage.Params, path)
 
 
@@ -36,7 +60,7 @@ def execute(stage: ModuleType, command: str, params_path: Path, options: argpars
     if warning:
         print(warning, file=sys.stderr)
     try:
-        params = load_stage_params(stage, params_path)
+        params = load_stage_params(stage, params_path, command)
         options = options if options is not None else argparse.Namespace()
         options.params_file = params_path.resolve()  # a stage that starts processes passes it on
         stage.run(params, params_path.resolve().parent, options)
@@ -46,6 +70,13 @@ def execute(stage: ModuleType, command: str, params_path: Path, options: argpars
     except KeyboardInterrupt:
         print(f"eagle3 {command}: interrupted; finished work is kept, rerun to continue", file=sys.stderr)
         return 130
+    except Exception as exc:
+        # A full disk where no writer of this project named the file (a library writing on its own).
+        if not is_disk_full(exc):
+            raise
+        where = Path(getattr(exc, "filename", None) or params_path.resolve().parent)
+        print(f"eagle3 {command}: error: {disk_full_message(where)}", file=sys.stderr)
+        return Eagle3Error.exit_code
     return 0
 
 

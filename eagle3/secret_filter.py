@@ -1,7 +1,7 @@
 """Secrets never reach the terminal: one filter for every line the CLI prints, shared with the report's redaction.
 
-`scrub` replaces with `***`: credentials in URLs (`scheme://user:password@host` -> `scheme://user:***@host`, and
-an http(s) URL's bare `user@`, often a token), bearer
+`scrub` replaces with `***`: credentials in URLs (`scheme://user:password@host` -> `scheme://user:***@host`, an
+http(s) URL's bare `user@`, often a token, and a key, token or signature in a query string or fragment), bearer
 tokens (`Bearer <token>`: a misconfigured server may echo the request's header in its error body), the values of
 environment variables whose names say they hold a secret (`..._TOKEN`, `..._KEY`, `PASSWORD`, ...) and every value
 a stage read as a key (`register`: what an `api_key_env` names). Paths and everything else stay as they are: an
@@ -16,14 +16,22 @@ import sys
 from typing import Any, TextIO
 
 MASK = "***"
-# Environment variable names that hold secrets by convention.
-SECRET_ENV_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?|AUTH)(_|$)")
+# Environment variable names that hold secrets by convention: a word of the name (GITHUB_TOKEN, AWS_SECRET_KEY,
+# GITHUB_PAT) or a part of one that is never innocent (MY_APIKEY, HF_TOKENS, DB_PASSWORDFILE).
+# (Not PWD or SESSION: the shell's working directory and a desktop session's bus are no secrets.)
+SECRET_ENV_NAME = re.compile(r"(^|_)(KEY|PAT|AUTH|PASS)(_|$)|TOKEN|SECRET|PASSW|APIKEY|API_KEY|CREDENTIAL|PRIVATE_KEY")
 # Shorter values are too likely to occur by chance (a key of "1" would mask every digit).
 MIN_SECRET_LENGTH = 8
 # user:password@ anywhere; a bare user@ only in http(s) URLs, where it is often a token (ssh://root@host is not).
 _URL_PASSWORD = re.compile(r"(?P<start>\b[a-z][a-z0-9+.-]*://[^\s/@:'\"]*):[^\s/@'\"]+@", re.IGNORECASE)
 _HTTP_USER = re.compile(r"(?P<start>\bhttps?://)[^\s/@:'\"]+@", re.IGNORECASE)
 _BEARER = re.compile(r"(?P<word>\bBearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+# A credential in a URL's query string or fragment: ?api_key=..., &token=..., #access_token=..., &sig=...
+_QUERY_SECRET = re.compile(
+    r"(?P<start>[?&#;][^\s=&#'\"]*(?:key|token|secret|passw|auth|sig|signature|credential|session)[^\s=&#'\"]*=)"
+    r"[^\s&#'\"]+",
+    re.IGNORECASE,
+)
 _registered: set[str] = set()
 
 
@@ -46,6 +54,7 @@ def scrub(text: str) -> str:
     text = _URL_PASSWORD.sub(lambda m: f"{m['start']}:{MASK}@", text)
     text = _HTTP_USER.sub(lambda m: f"{m['start']}{MASK}@", text)
     text = _BEARER.sub(lambda m: f"{m['word']}{MASK}", text)
+    text = _QUERY_SECRET.sub(lambda m: f"{m['start']}{MASK}", text)
     # Longest first, so a secret that contains another is masked whole.
     for secret in sorted({*_registered, *environment_secrets().values()}, key=len, reverse=True):
         text = text.replace(secret, MASK)

@@ -9,6 +9,7 @@ from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
 
 from conftest import REPO, SMOKE_PARAMS, smoke_params, write_params
+from fake_provenance import write_fake_provenance
 
 
 def test_shipped_params_load():
@@ -227,6 +228,31 @@ INVALID = [
         "params.yaml: evaluate.servers.endpoints[0]: k: give k exactly when serves is eagle3 or ngram (serves none, "
         "k 3)",
     ),
+    # Combinations that would only show hours later.
+    (
+        lambda p: _set(p, "generate.sampling.max_tokens", 2048),
+        "params.yaml: extract.max_seq_len: 2048 tokens cannot hold an answer of generate.sampling.max_tokens (2048) "
+        "with its prompt, so long answers would be cut; raise extract.max_seq_len above 2048",
+    ),
+    (
+        lambda p: _set(p, "generate.sampling.max_tokens", 512),
+        "params.yaml: generate.vllm.max_model_len: 512 leaves no room for a prompt beside "
+        "generate.sampling.max_tokens (512); raise it above 512",
+    ),
+    (
+        lambda p: _set(p, "evaluate.max_tokens", 600),
+        "params.yaml: evaluate.vllm.max_model_len: 512 leaves no room for a prompt beside evaluate.max_tokens (600); "
+        "raise it above 600",
+    ),
+    (
+        lambda p: _set(p, "generate.splits", ["train"]),
+        "params.yaml: extract.splits: ['heldout'] are not regenerated (generate.splits is ['train']); extract reads "
+        "the verifier's answers: add them to generate.splits",
+    ),
+    (
+        lambda p: _set(p, "prepare.sources.0.exclude_sub_sources", "oasst"),
+        "params.yaml: prepare.sources[0].exclude_sub_sources: input should be a valid list, got 'oasst'",
+    ),
 ]
 
 
@@ -286,3 +312,47 @@ def test_check_prints_resolved_defaults(tmp_path):
     resolved = yaml.safe_load(result.stdout)
     assert resolved["verifier"]["dtype"] == "bfloat16"
     assert resolved["prepare"]["heldout_rows"] == 16
+
+
+def test_settings_that_usually_mean_a_mistake_are_warned_about_naming_the_keys(tmp_path):
+    deep = _set(_set(smoke_params(), "export.num_speculative_tokens", 5), "train.ttt_steps", 2)
+    assert load_params(write_params(tmp_path, deep)).warnings() == [
+        "export.num_speculative_tokens is 5 but train.ttt_steps is 2: draft positions past 2 are never trained, so "
+        "their acceptance collapses",
+        "evaluate.headline_k is 3 but train.ttt_steps is 2: draft positions past 2 are never trained, so their "
+        "acceptance collapses",
+    ]
+    assert load_params(SMOKE_PARAMS).warnings() == [] and load_params(REPO / "params.yaml").warnings() == []
+    # A stage prints them and runs.
+    result = subprocess.run(
+        [sys.executable, "-m", "eagle3.cli", "check"], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert result.stderr.splitlines()[0].startswith("eagle3 check: warning: params.yaml: export.num_speculative_tokens")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            ("vocab.draft_vocab_size", 50000),
+            "vocab.draft_vocab_size: 50000 exceeds the verifier's vocabulary (49152 tokens, "
+            "models/verifier/provenance.json); lower it",
+        ),
+        (
+            ("extract.max_seq_len", 8193),
+            "extract.max_seq_len: 8193 exceeds the verifier's context (max_position_embeddings 8192); lower it",
+        ),
+    ],
+)
+def test_what_the_verifier_bounds_is_refused_before_any_stage_runs(tmp_path, change, message):
+    from eagle3.config import check_against_verifier
+
+    write_fake_provenance(tmp_path)
+    path = write_params(tmp_path, _set(smoke_params(), *change))
+    with pytest.raises(Eagle3Error) as caught:
+        check_against_verifier(load_params(path), path)
+    assert str(caught.value) == f"{path}: {message}"
+    result = subprocess.run([sys.executable, "-m", "eagle3.cli", "vocab"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.stderr.strip().splitlines()[-1] == f"eagle3 vocab: error: params.yaml: {message}"
+    assert result.returncode == 2
+    assert not (tmp_path / "data").exists()

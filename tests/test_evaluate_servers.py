@@ -297,7 +297,14 @@ def check_servers_match_in_process(root: Path, scratch: Path) -> None:
         assert abs(headline["tokens_per_step_greedy"] - reference["tokens_per_step_greedy"]) <= 0.03
         assert headline["ngram_tokens_per_step_greedy"] is None  # no n-gram server: not measured, not invented
         assert headline["lossless_greedy"] == "8/8" and served["lossless"]["exact_expected"] is False
-        assert served["offline_estimate"] == in_process["offline_estimate"]
+        # The offline estimate reads only this machine's states: the same; its comparison is with each run's own
+        # vLLM figure, which may differ within the bound above (servers batch differently).
+        vllm_figures = ("vllm_tokens_per_step", "gap")
+        offline, offline_in_process = served["offline_estimate"], in_process["offline_estimate"]
+        assert {k: v for k, v in offline.items() if k not in vllm_figures} == {
+            k: v for k, v in offline_in_process.items() if k not in vllm_figures
+        }
+        assert offline["vllm_tokens_per_step"] == headline["tokens_per_step_greedy"]
         # The benchmarks too, turn by turn after the plain server's greedy answers: the same tokens as in-process.
         assert list(served["benchmarks"]) == list(in_process["benchmarks"]) == ["humaneval", "mt-bench"]
         for name, entry in served["benchmarks"].items():

@@ -12,14 +12,20 @@ import torch
 from eagle3.formats.provenance import read_provenance
 from eagle3.formats.shards import HiddenStateDataset, ShardReader
 from eagle3.formats.synthetic import iter_records
-from eagle3.precision import resolve
 
 from conftest import eagle3, write_params
 from fake_openai import FakeServer, completion
 from test_generate import _params, project
 
-# What extract.dtype auto computes in on this CPU: the reference forward passes run in it too.
-COMPUTE_DTYPE = getattr(torch, resolve("auto", "cpu"))
+# These tests extract in float32 (the shards store bf16 either way) and run their reference forward passes in it:
+# two ways of computing the same states then differ by bf16 storage rounding alone, on every CPU kind. In bf16 the
+# padding, the thread count and the CPU's bf16 units (AMX or not) move the states by percents, 30 layers deep.
+COMPUTE_DTYPE = torch.float32
+# bf16 keeps 8 significant bits: a stored value is within half a unit in its last place of the float32 one, at most
+# 2**-8 relative, so a stored layer is within 2**-8 of the float32 states, norm-relative (measured: <= 2.5e-3 on an
+# AVX2 EPYC). Two engines' float32 states stored in bf16 differ only where float32 rounding moves a value across a
+# bf16 rounding boundary, which few do (measured: <= 1.8e-4).
+STORAGE_ROUNDING = 2**-8
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +38,7 @@ def _answer(body):
 def _extract_params(server_url: str, **extract) -> dict:
     params = _params({"backend": "openai", "openai": {"base_urls": [server_url], "model": "verifier"}})
     # 1 MB of raw states (~227 tokens of this verifier): several shards per part, so shard boundaries are exercised.
-    params["extract"].update({"shard_raw_mb": 1, **extract})
+    params["extract"].update({"shard_raw_mb": 1, "dtype": "float32", **extract})
     return params
 
 
@@ -68,8 +74,9 @@ def test_states_match_an_unbatched_forward_and_layers_are_in_vllm_order(extracte
             return ((stored.float() - expected).norm() / expected.norm()).item()
 
         for stored, layer in zip(sample.hidden, reader.meta.layer_ids, strict=True):
-            # Batched vs unbatched, stored in bf16, differs by a few percent at most; the neighbouring layer is far off.
-            assert error(stored, layer) < 0.05 and error(stored, layer - 1) > 3 * error(stored, layer), layer
+            # Batched vs unbatched: storage rounding only; the neighbouring layer is far off.
+            own, neighbour = error(stored, layer), error(stored, layer - 1)
+            assert own < STORAGE_ROUNDING and neighbour > 3 * own, (layer, own, neighbour)
         # The final layer is the normed output: lm_head over it gives the verifier's own logits.
         with torch.no_grad():
             from_stored = model.lm_head(sample.hidden[-1][None].to(COMPUTE_DTYPE)).argmax(-1)
@@ -225,7 +232,7 @@ def _relative_error(actual, expected):
     return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
 
 
-def test_vllm_backend_matches_hf_within_bf16_tolerance(extracted, vllm_extracted):
+def test_vllm_backend_matches_hf_within_storage_rounding(extracted, vllm_extracted):
     from transformers import AutoModelForCausalLM
 
     lm_head = AutoModelForCausalLM.from_pretrained(extracted / "models/verifier", dtype=COMPUTE_DTYPE).lm_head
@@ -240,9 +247,9 @@ def test_vllm_backend_matches_hf_within_bf16_tolerance(extracted, vllm_extracted
             assert torch.equal(b["input_ids"], a["input_ids"]) and torch.equal(b["loss_mask"], a["loss_mask"])
             assert b["hidden"].shape == a["hidden"].shape and b["hidden"].dtype == torch.bfloat16
             errors = [_relative_error(b["hidden"][k], a["hidden"][k]) for k in range(4)]
-            # Measured on 64 real conversations: aux layers <= 0.8%, final normed layer <= 3.0% (bf16 kernels that
-            # differ in fusion and summation order, 30 layers deep). Swapped layers or a missing final norm are >= 15%.
-            assert max(errors[:3]) < 0.02 and errors[3] < 0.05, (a["id"], errors)
+            # Both engines compute in float32: storage rounding only. Swapped layers or a missing final norm are
+            # >= 15% off.
+            assert max(errors) < STORAGE_ROUNDING, (a["id"], errors)
             assert _relative_error(b["hidden"][1], a["hidden"][2]) > 0.1
             with torch.no_grad():
                 stored = (b["hidden"][-1].to(COMPUTE_DTYPE), a["hidden"][-1].to(COMPUTE_DTYPE))  # shards hold bf16

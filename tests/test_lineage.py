@@ -483,11 +483,16 @@ def test_no_secrets_or_local_paths_are_published(tmp_path):
         f"https://alice:{PASSWORD_IN_REMOTE_URL}@dvc.example.com/store?sig=abc",
     )
     _run(root, "dvc", "remote", "modify", "--local", "storage", "password", SECRET_IN_CONFIG_LOCAL)
+    # A directory remote on this machine: its path is this machine's, never published.
+    _run(root, "dvc", "remote", "add", "mounted", str(tmp_path / "mnt" / "eagle3-remote"))
     _run(root, "dvc", "repro")
     outputs = [
         (root / name).read_text() for name in ("reports/lineage.json", "reports/lineage.md", "models/draft/README.md")
     ]
-    assert _lineage(root)["remotes"] == [{"name": "storage", "url": "https://dvc.example.com/store", "default": True}]
+    assert _lineage(root)["remotes"] == [
+        {"name": "mounted", "url": "<local>/eagle3-remote", "default": False},
+        {"name": "storage", "url": "https://dvc.example.com/store", "default": True},
+    ]
     for text in outputs:
         for leak in (
             SECRET_IN_CONFIG_LOCAL,

@@ -206,6 +206,35 @@ def test_the_setup_stamp_is_keyed_on_the_lock_content(tmp_path):
     assert _make(root, "-q", "setup", f"VENV={venv}").returncode == 1
 
 
+def test_a_venv_that_drifted_from_its_lock_is_re_synced_by_make_setup(tmp_path):
+    """The stamp says the lock was installed; the venv's own packages say whether it still is (a package removed by
+    hand): where they differ, `make setup` is out of date and re-syncs (here: what `make -q` reports)."""
+    root = _checkout(tmp_path)
+    lock = root / "locks" / f"{BUILD}.txt"
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / f".installed-{BUILD}-{sha256_file(lock)[:16]}").touch()
+    python = venv / "bin" / "python"
+    for drifted, expected in ((False, 0), (True, 1)):
+        # Stands in for the venv's interpreter answering `-m eagle3.locked_environment drift`.
+        message = "the environment differs from locks/cpu.txt: xxhash missing (locked 4.1.0); run make setup"
+        answer = f"echo '{message}' >&2; exit 1" if drifted else "exit 0"
+        python.write_text(f'#!/bin/sh\ncase "$*" in *drift*) {answer};; esac\n')
+        python.chmod(0o755)
+        assert _make(root, "-q", "setup", f"VENV={venv}").returncode == expected, drifted
+
+
+def test_a_module_missing_from_the_venv_is_one_line_saying_what_to_run():
+    result = subprocess.run(
+        [sys.executable, "-c", "import eagle3.runner\nimport eagle3_no_such_module"], capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"eagle3: error: module 'eagle3_no_such_module' is not installed in this environment ({sys.prefix}); run "
+        "`make setup`, which re-syncs the venv to the lock"
+    )
+
+
 def test_make_test_stops_at_once_in_one_line_without_sshd_or_apt_get(tmp_path):
     """A machine without Debian's sshd and no apt-get to install it: one line before the venv is built."""
     tools = tmp_path / "bin"

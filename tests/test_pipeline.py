@@ -26,8 +26,15 @@ def _run(root: Path, *command: str) -> str:
     return result.stdout + result.stderr
 
 
-def test_repro_is_complete_idempotent_and_precise(tmp_path):
-    root = make_project(tmp_path)
+@pytest.fixture(scope="module")
+def reproduced() -> dict:
+    """The project test_repro_is_complete_idempotent_and_precise leaves, once it has passed (for the tests after it
+    in this file, which xdist runs on the same worker, in order)."""
+    return {}
+
+
+def test_repro_is_complete_idempotent_and_precise(tmp_path_factory, reproduced):
+    root = make_project(tmp_path_factory.mktemp("pipeline"))
     _run(root, "git", "init", "-q")
 
     # The data stages first: the checks of precise invalidation below re-run them, not the draft stages.
@@ -105,7 +112,14 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path):
     _run(root, "dvc", "checkout")
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
 
-    # The same draft measured on running `vllm serve` endpoints; the project is left as it was.
+    reproduced["root"] = root
+
+
+def test_running_servers_measure_what_the_engines_do(reproduced, tmp_path):
+    """The same draft measured on running `vllm serve` endpoints; the project is left as it was."""
+    if "root" not in reproduced:
+        pytest.skip("needs the project test_repro_is_complete_idempotent_and_precise makes")
+    root = reproduced["root"]
     check_servers_match_in_process(root, tmp_path)
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
 

@@ -477,7 +477,14 @@ def test_cache_link_from_the_projects_dvc_config(tmp_path):
         ((*SEED, "--link-gbit", "-1"), "--link-gbit must be > 0, got -1"),
         ((*SEED, "--disk-tb", "-3"), "--disk-tb must be > 0, got -3"),
         ((*SEED, "--here-disk-tb", "0"), "--here-disk-tb must be > 0, got 0"),
-        ((*SEED, "--max-tokens", "100"), "--mean-tokens (16384) cannot exceed --max-tokens (100)"),
+        # Past any machine: a figure that would overflow, or an estimate that would not finish.
+        ((*SEED, "--disk-tb", "1e308"), "--disk-tb must be <= 1e+06, got 1e+308"),
+        ((*SEED, "--ttt-steps", "100000"), "--ttt-steps must be <= 32, got 100000"),
+        ((*SEED, "--mean-tokens", "nan"), "--mean-tokens must be > 0, got nan"),
+        (
+            (*SEED, "--max-tokens", "100"),
+            "--mean-tokens (16384) cannot exceed the longest sample, 100 tokens (--max-tokens)",
+        ),
         ((*SEED, "--link-efficiency", "1.5"), "--link-efficiency is a fraction in (0, 1], got 1.5"),
         ((*SEED, "--here-share", "2"), "--here-share is a fraction in (0, 1], got 2"),
         ((*SEED, "--compression-ratio", "1"), "--compression-ratio is raw/stored and must be > 1"),
@@ -575,3 +582,12 @@ def test_verifier_dir_without_index_sums_its_safetensors(tmp_path):
     plan = _plan(tmp_path, *args)
     assert plan["verifier_weights_bytes"] == 13_000 and plan["bytes_per_token"] == 4 * 576 * 2
     assert plan["draft_params"] == 10 * 576**2 + 3 * 576 * 4 * 576 + 32000 * 576  # intermediate defaults to 4 x hidden
+
+
+def test_a_metrics_file_with_a_figure_no_run_measures_is_one_line(tmp_path):
+    _metrics(tmp_path, ratio=float("nan"))
+    line = _error(tmp_path, *SEED)
+    assert line == (
+        f"eagle3 plan: error: {tmp_path}/metrics/extract.json: not the extract stage's metrics (NaN is not a number a "
+        "figure may be); rerun the extract stage or pass --compression-ratio"
+    )

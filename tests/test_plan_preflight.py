@@ -165,14 +165,61 @@ def test_a_training_item_that_did_not_pass_gives_no_rate(tmp_path):
     [
         (None, "not found; run `eagle3 preflight` on that machine"),
         ("{not json", "not an eagle3 preflight report"),
-        (json.dumps({"format_version": 99, "items": {}}), "not an eagle3 preflight report (format_version 99"),
+        (json.dumps({"format_version": 99, "items": {}}), "format_version 99, this eagle3 reads 1"),
+        ('{"format_version": 1, "items": {"extraction": {"status": "ready", "figures": {"tokens_per_s": NaN}}}}',
+         "not an eagle3 preflight report (NaN is not a number a figure may be)"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply to be an eagle3 preflight report"),
+        (json.dumps({"format_version": 1, "items": []}), "items: Input should be a valid dictionary"),
     ],
-)
+)  # fmt: skip
 def test_a_file_that_is_not_a_report_is_one_line(tmp_path, content, expected):
     path = tmp_path / "report.json"
     if content is not None:
         path.write_text(content)
     result = eagle3(tmp_path, "plan", *SEED, "--preflight", str(path), check=False)
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr
-    assert lines[0].startswith(f"eagle3 plan: error: --preflight {path}: ") and expected in lines[0]
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"eagle3 plan: error: --preflight {path}: ") and expected in lines[0], lines[0]
+
+
+# A figure no machine measures, in the report eagle3 preflight writes: one line naming the field, never a figure.
+HOSTILE_FIGURES = [
+    ("training", "tokens_per_s", 1e308, "items.training.figures.tokens_per_s: Input should be less than"),
+    ("training", "tokens_per_s", -9000.0, "items.training.figures.tokens_per_s: Input should be greater than 0"),
+    ("training", "tokens_per_s", "fast", "items.training.figures.tokens_per_s: Input should be a valid number"),
+    ("extraction", "compression_ratio", 0.5, "items.extraction.figures.compression_ratio: Input should be greater"),
+    ("extraction", "storage", "zip", "items.extraction.figures.storage: Input should be"),
+    ("data_path", "free_bytes", -5e12, "items.data_path.figures.free_bytes: Input should be greater than or equal"),
+    ("machine", "accelerator_count", {"a": 1}, "items.machine.figures.accelerator_count: Input should be a valid"),
+]
+
+
+@pytest.mark.parametrize(
+    "item, field, value, expected", HOSTILE_FIGURES, ids=[f"{i}.{f}" for i, f, _, _ in HOSTILE_FIGURES]
+)
+def test_a_figure_no_machine_measures_is_one_line_naming_it(tmp_path, item, field, value, expected):
+    path = _report(tmp_path / "report.json")
+    report = json.loads(path.read_text())
+    report["items"][item]["figures"][field] = value
+    path.write_text(json.dumps(report))
+    result = eagle3(tmp_path, "plan", *SEED, "--preflight", str(path), check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"eagle3 plan: error: --preflight {path}: {expected}"), lines[0]
+
+
+def test_a_report_that_is_no_regular_file_or_too_big_is_refused_unread(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # reading it would wait forever
+    for path, expected in (
+        (fifo, "not a regular file, so not an eagle3 preflight report"),
+        (Path("/dev/zero"), "not a regular file"),
+    ):
+        line = eagle3(tmp_path, "plan", *SEED, "--preflight", str(path), check=False).stderr.strip()
+        assert line.startswith(f"eagle3 plan: error: --preflight {path}: {expected}"), line
+    big = tmp_path / "big.json"
+    big.write_text(" " * 5_000_000 + "{}")
+    line = eagle3(tmp_path, "plan", *SEED, "--preflight", str(big), check=False).stderr.strip()
+    assert line.startswith(f"eagle3 plan: error: --preflight {big}: more than 4,000,000 bytes"), line

@@ -188,6 +188,9 @@ def test_a_disk_too_small_for_the_states_is_the_data_path_verdict(tmp_path, monk
     [
         ((), "train.learning_rat"),
         (("--budget-scale", "0"), "--budget-scale must be > 0, got 0"),
+        # Checked before measuring: the minutes of measurements are never thrown away.
+        (("--out", "params.yaml/preflight.json"), "--out params.yaml/preflight.json: cannot write there (File exists)"),
+        (("--out", "reports"), "--out reports: cannot write there (a directory)"),
     ],
 )
 def test_bad_params_or_flags_are_one_line(tmp_path, args, expected):
@@ -195,22 +198,26 @@ def test_bad_params_or_flags_are_one_line(tmp_path, args, expected):
     if not args:
         params["train"]["learning_rat"] = 0.1
     root = make_project(tmp_path / "project", params)
+    (root / "reports").mkdir()
     result = eagle3(root, "preflight", *args, check=False)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("eagle3 preflight: error: ") and expected in lines[0]
-    assert not (root / "reports/preflight.json").exists()
+    assert len(lines) == 1 and lines[0].startswith("eagle3 preflight: error: ") and expected in lines[0], lines
+    assert not (root / "reports/preflight.json").exists() and result.stdout == ""  # nothing was measured
 
 
 def test_a_verifier_moved_away_from_its_recorded_path_is_named(verifier_project, tmp_path):
     root = make_project(tmp_path / "project")
     provenance = json.loads((verifier_project / "models/verifier/provenance.json").read_text())
-    provenance["source"] = {"kind": "local", "path": str(tmp_path / "gone")}
+    provenance["source"] = {"kind": "local"}
     (root / "models/verifier").mkdir(parents=True)
     (root / "models/verifier/provenance.json").write_text(json.dumps(provenance))
     out = tmp_path / "preflight.json"
-    items = _one_line_items(eagle3(root, "preflight", "--out", str(out), "--only", "verifier", check=False), out)
-    assert items["verifier"]["verdict"].startswith(f"verifier.source.path: {tmp_path / 'gone'} (as the verifier stage")
+    run = eagle3(
+        root, "preflight", "--out", str(out), "--only", "verifier", env={"EAGLE3_VERIFIER_PATH": "../gone"}, check=False
+    )
+    items = _one_line_items(run, out)
+    assert items["verifier"]["verdict"].startswith(f"EAGLE3_VERIFIER_PATH: {tmp_path / 'gone'} is not a directory")
 
 
 @pytest.mark.slow

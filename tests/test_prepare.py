@@ -162,6 +162,28 @@ def test_caps_per_source_and_total(tmp_path):
     assert card["rows_out"] == {"train": 9, "heldout": 1}
 
 
+def test_an_excluded_sub_source_is_left_out_and_a_misspelt_one_refused(tmp_path):
+    """A sub-source whose license forbids publishing (tulu-3-sft-mixture's No Robots rows) never reaches the
+    prepared data; an id the data does not have would let those rows through, so it stops the stage."""
+    rows = [{"conversations": [{"from": "human", "value": f"question {i}"}], "source": f"s{i % 3}"} for i in range(30)]
+    source = {"kind": "local", "name": "mix", "path": "in.jsonl", "license": "odc-by", "exclude_sub_sources": ["s1"]}
+    root = _project(tmp_path / "kept", [source])
+    (root / "in.jsonl").write_bytes(_jsonl(rows))
+    eagle3(root, "prepare")
+    card, splits = _read(root)
+    assert {row["source"] for row in splits["train"] + splits["heldout"]} == {"s0", "s2"}
+    assert card["inputs"][0]["excluded"] == {"s1": 10} and card["rows_out"] == {"train": 19, "heldout": 1}
+
+    misspelt = _project(tmp_path / "misspelt", [{**source, "exclude_sub_sources": ["s1", "S4"]}])
+    (misspelt / "in.jsonl").write_bytes(_jsonl(rows))
+    result = eagle3(misspelt, "prepare", check=False)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        "eagle3 prepare: error: prepare.sources[0].exclude_sub_sources: S4 not among mix's sub-sources (its rows' "
+        "`source` field); it has: s0 (10), s1 (10), s2 (10)"
+    )
+    assert not (misspelt / "data/prepared").exists()
+
+
 def test_too_few_rows_for_heldout_is_one_clear_error(tmp_path):
     root = _project(
         tmp_path, [{"kind": "local", "name": "tiny", "path": "in.jsonl", "license": "apache-2.0"}], heldout_rows=5

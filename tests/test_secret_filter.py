@@ -31,6 +31,20 @@ def test_scrub_masks_url_credentials_bearer_tokens_and_known_keys(monkeypatch):
         f"https://{MASK}@github.com/x and ssh://root@10.0.0.5/srv"
     )
     assert scrub("ssh://deploy:s3cret-pass@10.0.0.5/srv") == f"ssh://deploy:{MASK}@10.0.0.5/srv"
+    # Keys, tokens and signatures in a query string or fragment; the other parameters stay.
+    assert scrub(
+        "http://host:9/v1?api_key=sk-abc123&top=5 https://h/cb#access_token=xyz789 s3://b/o?X-Amz-Signature=d3ad"
+    ) == (f"http://host:9/v1?api_key={MASK}&top=5 https://h/cb#access_token={MASK} s3://b/o?X-Amz-Signature={MASK}")
+
+
+def test_variables_named_as_secrets_in_other_spellings_are_masked(monkeypatch):
+    monkeypatch.setenv("GITHUB_PAT", "github_pat_0123456789")
+    monkeypatch.setenv("MY_APIKEY", "apikey-0123456789")
+    monkeypatch.setenv("HF_TOKENS", "hf_tokens-0123456789")
+    monkeypatch.setenv("KEYBOARD_LAYOUT", "us-international")  # a KEY that is not a key
+    assert scrub("github_pat_0123456789 apikey-0123456789 hf_tokens-0123456789 us-international") == (
+        f"{MASK} {MASK} {MASK} us-international"
+    )
 
 
 def _everything_written(root) -> str:
@@ -41,6 +55,8 @@ def test_params_holding_secrets_are_refused_without_repeating_them(tmp_path):
     for openai, secret in (
         ({"base_urls": ["http://alice:hunter2-secret@127.0.0.1:9/v1"], "model": "m"}, "hunter2-secret"),
         ({"base_urls": ["http://127.0.0.1:9/v1"], "model": "m", "api_key_env": KEY}, KEY),
+        ({"base_urls": ["http://127.0.0.1:9/v1?api_key=qs-0123456789abcdef"], "model": "m"}, "qs-0123456789abcdef"),
+        ({"base_urls": ["http://127.0.0.1:9/v1#token=fr-0123456789abcdef"], "model": "m"}, "fr-0123456789abcdef"),
     ):
         params = smoke_params()
         params["generate"] = {**params["generate"], "backend": "openai", "openai": openai}

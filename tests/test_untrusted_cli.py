@@ -11,12 +11,12 @@ import yaml
 from test_untrusted_formats import _record as _synthetic_record
 from test_untrusted_shards import GIB, _craft, _parts, _write, _zeros_frame
 
-from eagle3.formats.provenance import LocalOrigin, Provenance, write_provenance
 from eagle3.formats.shards import write_index
 from eagle3.formats.synthetic import write_manifest, write_part
 from eagle3.formats.vocab import save_vocab
 
-from conftest import eagle3, make_project, write_params
+from conftest import eagle3, make_project, smoke_params, write_params
+from fake_provenance import write_fake_provenance
 
 VOCAB = 49152
 CONFIG = {
@@ -41,39 +41,23 @@ def _project(root):
     """A project as extract leaves it for vocab (and vocab for train): the verifier's provenance and config, one
     training shard of tests/test_untrusted_shards.py's samples (layers 2, 15, 27 and the final 30) and its index,
     and a vocab file."""
-    make_project(root)
+    params = smoke_params()
+    params["verifier"]["source"] = {"kind": "local", "path": "models/verifier", "name": "org/model", "license": "mit"}
+    make_project(root, params)
     verifier = root / "models/verifier"
     verifier.mkdir(parents=True)
     (verifier / "config.json").write_text(json.dumps(CONFIG))
-    write_provenance(
-        verifier,
-        Provenance(
-            name="org/model",
-            license="apache-2.0",
-            source=LocalOrigin(kind="local", path="models/verifier"),
-            dtype="bfloat16",
-            architectures=CONFIG["architectures"],
-            model_type="llama",
-            hidden_size=64,
-            num_hidden_layers=30,
-            vocab_size=VOCAB,
-            intermediate_size=128,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            max_position_embeddings=2048,
-            rms_norm_eps=1e-5,
-            rope_theta=10000.0,
-            tie_word_embeddings=True,
-            default_aux_layer_ids=[2, 15, 27],
-            chat_template_sha256="0" * 64,
-            tokenizer_sha256="ab" * 32,
-            config_sha256="0" * 64,
-            trust_remote_code=False,
-            num_weight_files=1,
-            weight_bytes=1,
-            weight_headers_sha256="0" * 64,
-        ),
+    write_fake_provenance(
+        root,
+        name="org/model",
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        tokenizer_sha256="ab" * 32,
     )
     (root / "data/hidden/train").mkdir(parents=True)
     shard = _write(root / "data/hidden/train/shard-00000-000.e3sh")

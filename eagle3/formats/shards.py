@@ -84,7 +84,7 @@ import xxhash
 import zstandard
 
 from eagle3.errors import Eagle3Error
-from eagle3.files import open_held, partial_path, read_json, write_json
+from eagle3.files import open_held, partial_path, read_json, space_for, write_json
 from eagle3.formats.shard_checks import (
     RECORD_HEAD,
     REEXTRACT,
@@ -302,8 +302,9 @@ class ShardWriter:
                 "xxh3": checksum,
             }
         )
-        for buffer in buffers:
-            self.handle.write(buffer)
+        with space_for(self.path, length):
+            for buffer in buffers:
+                self.handle.write(buffer)
         self.offset += length
 
     def close(self) -> Path:
@@ -311,9 +312,11 @@ class ShardWriter:
             self._drain_one()
         self.pool.shutdown()
         index = json.dumps({"samples": self.index}, sort_keys=True).encode()
-        self.handle.write(index + _FOOTER.pack(self.offset, len(index), xxhash.xxh3_64_intdigest(index), END_MAGIC))
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
+        footer = index + _FOOTER.pack(self.offset, len(index), xxhash.xxh3_64_intdigest(index), END_MAGIC)
+        with space_for(self.path, len(footer)):
+            self.handle.write(footer)
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
         os.replace(self.partial, self.path)
         self.handle.close()
         return self.path
@@ -321,7 +324,9 @@ class ShardWriter:
     def abort(self) -> None:
         self.pool.shutdown(cancel_futures=True)
         self.partial.unlink(missing_ok=True)
-        self.handle.close()
+        # Closing flushes what is still buffered, which fails again on a full disk: the file is gone already.
+        with contextlib.suppress(OSError):
+            self.handle.close()
 
     def __enter__(self) -> "ShardWriter":
         return self

@@ -36,6 +36,12 @@ def _without_credentials(url: HttpUrl) -> HttpUrl:
             "must not carry credentials (user:password@host): give the key through api_key_env, which names the "
             "environment variable that holds it"
         )
+    if url.query or url.fragment:
+        raise ValueError(
+            "must not carry a query or fragment (an OpenAI base URL has none, and a key there would be printed): give "
+            "the key through api_key_env, which names the environment variable that holds it; the value given is not "
+            "shown"
+        )
     return url
 
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from eagle3.errors import Eagle3Error
+from eagle3.paths import PARAMS_FILE
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 # YAML 1.1, which PyYAML reads, needs a dot in a float's mantissa: 1e30 stays a string, 1.0e30 is a float.
@@ -37,6 +38,20 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, d
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+# The params file this process runs with, where it is not the project's params.yaml (the runner's --params).
+_params_file: Path | None = None
+
+
+def use_params_file(path: Path) -> None:
+    global _params_file
+    _params_file = path.resolve()
+
+
+def project_params_file(root: Path) -> Path:
+    """The params file of the project at `root` this process runs with."""
+    return _params_file or root / PARAMS_FILE
 
 
 def read_yaml(path: Path) -> Any:

@@ -15,6 +15,9 @@ class LocalDataset(Section):
     path: str = Field(pattern=r"\.(parquet|jsonl)$", description="relative to params.yaml")
     license: str = Field(min_length=1)
     max_rows: PositiveInt | None = None
+    # Rows whose `source` field names one of these are left out (e.g. a sub-source whose license forbids
+    # publishing a model trained on it); each must occur in the data.
+    exclude_sub_sources: list[str] = []
 
 
 class HubDataset(Section):
@@ -29,6 +32,7 @@ class HubDataset(Section):
     split: str = "train"
     license: str = Field(min_length=1)
     max_rows: PositiveInt | None = None
+    exclude_sub_sources: list[str] = []
 
 
 class PrepareParams(Section):

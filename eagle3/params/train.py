@@ -17,6 +17,9 @@ def _yaml_off(value: Any) -> Any:
 ActivationCheckpointing = Annotated[Literal["off", "mlp", "full"], BeforeValidator(_yaml_off)]
 RECOMPUTE = get_args(get_args(ActivationCheckpointing)[0])
 Sharding = Literal["ddp", "fsdp"]
+# Deeper than any published draft (SpecForge's Kimi drafts: 7): each step is a whole draft layer unrolled, and the
+# training memory estimate builds every one.
+MAX_TTT_STEPS = 32
 
 
 class LaunchParams(Section):
@@ -63,7 +66,7 @@ class DraftAttention(Section):
 
 class TrainParams(Section):
     # Training-time test: the draft is unrolled on its own outputs this many steps, as vLLM runs it (SpecForge: 7).
-    ttt_steps: PositiveInt = 7
+    ttt_steps: int = Field(7, gt=0, le=MAX_TTT_STEPS)
     # Loss weight of unrolled step i is step_weight**i.
     step_weight: float = Field(0.8, gt=0, le=1)
     epochs: PositiveInt = 4

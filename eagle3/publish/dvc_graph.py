@@ -102,8 +102,10 @@ def require_report_covers(definitions: dict[str, dict]) -> None:
         )
 
 
-def workspace_problems(root: Path, stages: list[str]) -> list[str]:
-    """What `dvc status` finds out of date among `stages`, one line per stage."""
+def workspace_problems(root: Path, stages: list[str], absent: list[str] | None = None) -> list[str]:
+    """What `dvc status` finds out of date among `stages`, one line per stage. With `absent` (a list), outputs
+    missing from the workspace (another machine made them and they were not pulled here) are added to it instead:
+    nothing here contradicts dvc.lock about them."""
     if not stages:
         return []
     # dvc.yaml:<name> so that a stage named like a file or directory is never taken for a path.
@@ -121,12 +123,15 @@ def workspace_problems(root: Path, stages: list[str]) -> list[str]:
                 parts.append(change)
                 continue
             for kind, paths in change.items():
-                # "not in cache": the file matches dvc.lock, only the local cache lacks a copy (e.g. after a clone).
-                parts.extend(
-                    f"{kind.removeprefix('changed ')[:-1]} {path} {state}"
-                    for path, state in paths.items()
-                    if state != "not in cache"
-                )
+                for path, state in paths.items():
+                    # "not in cache": the file matches dvc.lock, only the local cache lacks a copy (after a clone).
+                    if state == "not in cache":
+                        continue
+                    if absent is not None and kind in ("changed outs", "changed deps") and state == "deleted":
+                        if path not in absent:
+                            absent.append(path)
+                        continue
+                    parts.append(f"{kind.removeprefix('changed ')[:-1]} {path} {state}")
         if parts:
             problems.append(f"stage {stage.split(':')[-1]}: {', '.join(parts)}")
     return problems

@@ -23,6 +23,8 @@ def summary(record: dict[str, Any]) -> str:
     layout = [f"TP {parallel['tensor_parallel_size']}"] if parallel.get("tensor_parallel_size") else []
     layout += [f"{parallel['world_size']} processes"] if (parallel.get("world_size") or 1) > 1 else []
     text = ", ".join(f"{name} {packages[name]}" for name in names) + f", Python {record.get('python')}; {hardware}"
+    machine = (record.get("switches") or {}).get("EAGLE3_MACHINE")
+    text = f"on {machine}: {text}" if machine else text
     text += f"; {', '.join(layout)}" if layout else ""
     text += f"; computed in {record['compute_dtype']}" if record.get("compute_dtype") else ""
     servers = record.get("servers") or []

@@ -50,7 +50,6 @@ from eagle3.paths import (
     LINEAGE_JSON,
     LINEAGE_MD,
     MODEL_CARD,
-    PROVENANCE,
     VERIFIER_DIR,
 )
 from eagle3.progress import step
@@ -295,8 +294,10 @@ def check(root: Path) -> None:
     definitions, lock = load_pipeline(root)
     require_report_covers(definitions)
     problems = [f"not run: stage {name}" for name in definitions if name not in lock]
+    absent: list[str] = []
     problems += [
-        f"dirty: {problem}" for problem in workspace_problems(root, [name for name in definitions if name in lock])
+        f"dirty: {problem}"
+        for problem in workspace_problems(root, [name for name in definitions if name in lock], absent)
     ]
     path = root / LINEAGE_JSON
     recorded: dict[str, Any] = {}
@@ -320,13 +321,16 @@ def check(root: Path) -> None:
         problems += _verifier_problems(root, recorded.get("inputs", {}).get("verifier", {}))
     for warning in environment_warnings(recorded):
         print(f"warning: {warning}", file=sys.stderr)
+    if absent:
+        print(f"not in this workspace, so not verified here (`dvc pull` them to): {', '.join(sorted(absent))}")
     if problems:
         for problem in problems:
             print(problem)
         raise Eagle3Error(
             f"lineage check: {len(problems)} problem(s), the workspace is not what the lineage describes (listed above)"
         )
-    step(f"lineage check: {len(lock)} stages and every recorded hash match the workspace")
+    unverified = f" ({len(absent)} output(s) not here, listed above)" if absent else ""
+    step(f"lineage check: {len(lock)} stages and every recorded hash match the workspace{unverified}")
 
 
 def artifact_environments(root: Path, artifacts: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -379,10 +383,8 @@ def _verifier_problems(root: Path, recorded: dict[str, Any]) -> list[str]:
     """A verifier referenced outside the repo is not hashed by DVC: re-hash its identity files."""
     if (recorded.get("source") or {}).get("kind") != "local":
         return []
-    model_dir = verifier_dir(root)
-    if not model_dir.is_dir():
-        return [f"missing: the verifier directory named in {PROVENANCE.as_posix()}"]
     try:
+        model_dir = verifier_dir(root)
         current = {**describe_model_dir(model_dir, True), **weights_fingerprint(model_dir)}
     except Eagle3Error as exc:
         return [f"verifier: {exc}"]

@@ -68,7 +68,9 @@ def dvc_remotes(root: Path) -> list[dict[str, Any]]:
         match = re.fullmatch(r"""'?remote\s+"([^"]+)"'?""", section.strip())
         if match and config.has_option(section, "url"):
             name = match.group(1)
-            remotes.append({"name": name, "url": strip_url(config.get(section, "url")), "default": name == default})
+            # redact_text: a URL without its credentials; a directory remote's absolute path as <local>/name.
+            url = redact_text(config.get(section, "url"), root)
+            remotes.append({"name": name, "url": url, "default": name == default})
     return sorted(remotes, key=lambda remote: remote["name"])
 
 

@@ -49,10 +49,24 @@ class _InputStats:
     rows_read: int = 0
     rows_valid: int = 0
     dropped: Counter = field(default_factory=Counter)
+    # rows per sub-source (the rows' `source` field), and those left out by exclude_sub_sources
+    sub_sources: Counter = field(default_factory=Counter)
+    excluded: Counter = field(default_factory=Counter)
 
 
 class Params(StageParams):
     prepare: PrepareParams
+
+
+def _check_exclusions(source: LocalDataset | HubDataset, index: int, stats: _InputStats) -> None:
+    """An excluded sub-source the data does not have is a misspelt id, which would let its rows through."""
+    absent = [name for name in source.exclude_sub_sources if name not in stats.excluded]
+    if absent:
+        present = ", ".join(f"{name} ({rows:,})" for name, rows in stats.sub_sources.most_common(30)) or "none"
+        raise Eagle3Error(
+            f"prepare.sources[{index}].exclude_sub_sources: {', '.join(absent)} not among {source.name}'s sub-sources "
+            f"(its rows' `source` field); it has: {present}"
+        )
 
 
 def run(params: Params, root: Path, options=None) -> None:
@@ -63,13 +77,19 @@ def run(params: Params, root: Path, options=None) -> None:
     candidates: dict[str, dict[str, Any]] = {}
     duplicates = 0
     with progress() as bar:
-        for source in config.sources:
+        for index, source in enumerate(config.sources):
             records, total, description = _open(source, root)
             task = bar.add_task(f"prepare {source.name}", total=total)
             stats = _InputStats()
             for position, record in enumerate(records, start=1):
                 stats.rows_read += 1
                 bar.advance(task)
+                sub_source = record.get("source") if isinstance(record, dict) else None
+                if isinstance(sub_source, str):
+                    stats.sub_sources[sub_source] += 1
+                    if sub_source in source.exclude_sub_sources:
+                        stats.excluded[sub_source] += 1
+                        continue
                 try:
                     if isinstance(record, _Unreadable):
                         raise InvalidRow(record.reason)
@@ -84,7 +104,6 @@ def run(params: Params, root: Path, options=None) -> None:
                 if key in candidates:
                     duplicates += 1
                     continue
-                sub_source = record.get("source")
                 candidates[key] = {
                     "id": key[:16],
                     "source": sub_source if isinstance(sub_source, str) and sub_source.strip() else source.name,
@@ -93,6 +112,7 @@ def run(params: Params, root: Path, options=None) -> None:
                     "messages": messages,
                 }
             drops.update(stats.dropped)
+            _check_exclusions(source, index, stats)
             inputs.append(
                 {
                     **description,
@@ -102,6 +122,7 @@ def run(params: Params, root: Path, options=None) -> None:
                     "rows_read": stats.rows_read,
                     "rows_valid": stats.rows_valid,
                     "dropped": dict(sorted(stats.dropped.items())),
+                    **({"excluded": dict(sorted(stats.excluded.items()))} if source.exclude_sub_sources else {}),
                 }
             )
 

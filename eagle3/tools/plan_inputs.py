@@ -11,9 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import Eagle3Error
+from eagle3.files import read_report_json
+from eagle3.formats.provenance import verifier_location
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
+from eagle3.params.train import MAX_TTT_STEPS
 from eagle3.paths import PROVENANCE
 from eagle3.tools.dvc_config import cache_option
+from eagle3.tools.plan_config import Configured
+from eagle3.tools.plan_config import apply as apply_configuration
 from eagle3.tools.plan_memory import TrainMemory, compute_train_memory, estimate, memory_warning
 from eagle3.tools.plan_preflight import PreflightFigures, disk_words, preflights
 from eagle3.tools.plan_types import (
@@ -21,6 +26,7 @@ from eagle3.tools.plan_types import (
     GB,
     GPU_MEMORY_UTILIZATION,
     GPUS,
+    PRESETS,
     TRAIN_MEASURED,
     Budget,
     Inputs,
@@ -32,24 +38,24 @@ from eagle3.tools.plan_verifier import require_parameter_count, verifier_from_ar
 
 # This machine's data volume where neither --here-disk-tb nor --here-preflight says.
 HERE_DISK_TB = 3.0
+# The verifier planned for where neither --verifier nor the params name one the plan knows: the hero run's.
+DEFAULT_VERIFIER = "kimi-k2.5"
 # How a ratio measured with one extract.storage becomes another's (eagle3/formats/storage.py).
 STORAGE_GAIN = {name: storage.gain_over_lossless for name, storage in STORAGES.items()}
 
 
 def read_extract_metrics(path: Path) -> dict[str, Any]:
+    fix = "rerun the extract stage or pass --compression-ratio"
     try:
-        metrics = json.loads(path.read_text())
+        metrics = read_report_json(path, "the extract stage's metrics", fix, limit=16_000_000)
         float(metrics["compression_ratio"])
     except FileNotFoundError:
         raise Eagle3Error(
             f"{path} not found: the compression ratio comes from the extract stage's metrics; run `dvc repro extract` "
             "(or `dvc pull`) or pass --compression-ratio"
         ) from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise Eagle3Error(
-            f"{path}: no usable compression_ratio ({type(exc).__name__}: {exc}); rerun the extract stage or pass "
-            "--compression-ratio"
-        ) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Eagle3Error(f"{path}: no usable compression_ratio ({type(exc).__name__}: {exc}); {fix}") from None
     return metrics
 
 
@@ -107,9 +113,46 @@ POSITIVE = (
 ).split()
 
 
+# Upper bounds: past them a flag describes no machine or run (and would overflow a figure or estimate forever).
+LIMITS = {
+    "samples": 1e10,
+    "mean_tokens": 1e8,
+    "max_tokens": 1e8,
+    "layers": 1000,
+    "bytes_per_element": 8,
+    "link_gbit": 1e6,
+    "weights_link_gbit": 1e6,
+    "extract_tokens_per_s": 1e12,
+    "here_tokens_per_s": 1e12,
+    "train_tokens_per_s": 1e12,
+    "gpus": 100_000,
+    "here_gpus": 100_000,
+    "gpu_tflops": 1e7,
+    "epochs": 10_000,
+    "draft_vocab": 1e8,
+    "keep_checkpoints": 10_000,
+    "stream_buffer_gb": 1e9,
+    "disk_tb": 1e6,
+    "here_disk_tb": 1e6,
+    "compression_ratio": 1000,
+    "active_params": 1e15,
+    "weights_gb": 1e9,
+    "probe_mb": 1e6,
+    "jobs": 1024,
+    "ttt_steps": MAX_TTT_STEPS,
+    "gpu_usd_per_hour": 1e6,
+    "here_usd_per_hour": 1e9,
+    "headroom": 100,
+}
+
+
 def _check_values(args: argparse.Namespace) -> None:
     for name in POSITIVE:
         _positive(_flag(name), getattr(args, name))
+    for name, limit in LIMITS.items():
+        value = getattr(args, name)
+        if value is not None and value > limit:
+            raise Eagle3Error(f"{_flag(name)} must be <= {limit:g}, got {value:g}")
     for name in ("gpu_usd_per_hour", "here_usd_per_hour", "headroom"):
         _positive(_flag(name), getattr(args, name), allow_zero=True)
     for name in ("link_efficiency", "mfu", "here_share"):
@@ -133,12 +176,16 @@ class CheckedArgs:
     budget_hours: Budget | None
 
 
-def validate_args(args: argparse.Namespace) -> CheckedArgs:
-    """Every flag on its own, before any file is read, so that the first bad one is the error reported."""
+def validate_args(args: argparse.Namespace, configuration: dict[str, str] | None = None) -> CheckedArgs:
+    """Every flag on its own, before any file but the params is read, so that the first bad one is the error
+    reported."""
     _check_values(args)
     max_tokens = args.max_tokens if args.max_tokens is not None else int(math.ceil(args.mean_tokens))
     if args.mean_tokens > max_tokens:
-        raise Eagle3Error(f"--mean-tokens ({args.mean_tokens:g}) cannot exceed --max-tokens ({max_tokens})")
+        source = (configuration or {}).get("max_tokens", "--max-tokens")
+        raise Eagle3Error(
+            f"--mean-tokens ({args.mean_tokens:g}) cannot exceed the longest sample, {max_tokens} tokens ({source})"
+        )
     _check_gpu("--gpu", args.gpu)
     _check_gpu("--here-gpu", args.here_gpu)
     return CheckedArgs(
@@ -317,6 +364,7 @@ def collect_warnings(
     compression: CompressionRatio,
     train_memory: TrainMemory,
     max_tokens: int,
+    recompute: str,
     there: Machine,
     here: Machine,
     cache: CacheLink,
@@ -329,7 +377,7 @@ def collect_warnings(
             f"{verifier.name}'s; split-byte zstd of bf16 states should carry over (README), but measure it on a few "
             "real samples and pass --compression-ratio"
         )
-    long_sample = memory_warning(train_memory, max_tokens)
+    long_sample = memory_warning(train_memory, max_tokens, recompute)
     if long_sample is not None:
         warnings.append(long_sample)
     for side, machine in (("here", here), ("there", there)):
@@ -347,9 +395,43 @@ def collect_warnings(
     return warnings
 
 
+def _choose_verifier(args: argparse.Namespace, root: Path, configured: Configured) -> tuple[str, str | None]:
+    """--verifier, else the configured verifier where the plan knows its shape (a preset of that name, or its
+    directory here), else the kimi-k2.5 preset; its source, and a warning where the configuration names another."""
+    if args.verifier is not None:
+        return "--verifier", None
+    name, params = configured.verifier_name, configured.path
+    preset = next((key for key, shape in PRESETS.items() if shape.name == name), None)
+    if preset is not None:
+        args.verifier = preset
+        return f"{params.name} verifier.source.name ({name}: preset {preset})", None
+    if configured.verifier_local:
+        try:
+            directory, setting = verifier_location(root)
+        except Eagle3Error:
+            directory = None
+        if directory is not None and directory.is_dir():
+            args.verifier = str(directory)
+            return f"{params.name} verifier ({setting}: {directory})", None
+    args.verifier = DEFAULT_VERIFIER
+    if name is None:
+        return f"default of --verifier ({DEFAULT_VERIFIER})", None
+    return f"default of --verifier ({DEFAULT_VERIFIER})", (
+        f"{params.name} configures {name}, whose shape the plan does not know here (not a preset, no directory): "
+        f"planned for {DEFAULT_VERIFIER}'s with {params.name}'s settings; pass --verifier, or `eagle3 init "
+        f"{DEFAULT_VERIFIER}` for the hero run's settings"
+    )
+
+
 def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     """Every input, each from the first place that has it, checked, with its source and the warnings."""
-    checked = validate_args(args)
+    configured, configuration = apply_configuration(args, root / args.params)
+    if args.samples is None:
+        raise Eagle3Error(
+            "--samples: how many training samples to plan for (no params file, or its prepare.max_rows is null)"
+        )
+    verifier_source, verifier_warning = _choose_verifier(args, root, configured)
+    checked = validate_args(args, configuration)
     verifier = verifier_from_args(args)
     there_preflight, here_preflight = preflights(args, verifier)
     preflight_ratio = there_preflight if there_preflight.compression_ratio is not None else here_preflight
@@ -370,7 +452,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     else:
         extract_there = there_preflight.sources.get("extract") or _derived_words(there, args.mfu)
     sources = {
-        "verifier": args.verifier,
+        "verifier": verifier_source,
         "compression_ratio": compression.source,
         "there": f"{_machine_words(there)}, {there_price}"
         + disk_words(there, "--disk-tb", args.disk_tb, there_preflight),
@@ -413,8 +495,12 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         budget_hours=checked.budget_hours,
         link_measurement=link.measurement,
         train_memory=memory,
+        recompute=args.recompute,
+        configured_layout=configured.layout,
         sources=sources,
-        warnings=there_preflight.warnings
+        configuration=configuration,
+        warnings=([verifier_warning] if verifier_warning else [])
+        + there_preflight.warnings
         + here_preflight.warnings
         + collect_warnings(
             verifier,
@@ -422,6 +508,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
             compression,
             compute_train_memory(memory, checked.max_tokens, there),
             checked.max_tokens,
+            args.recompute,
             there,
             here,
             cache,

@@ -26,9 +26,9 @@ from typing import Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
+from eagle3.params.train import RECOMPUTE
 from eagle3.tools.plan_types import GB, GPUS, Machine, MemoryEstimate, MemoryLine, to_json
 
-RECOMPUTE = ("off", "mlp", "full")  # train.activation_checkpointing's values (eagle3/params/train.py)
 LENGTHS = (4096, 8192)
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -131,18 +131,18 @@ def compute_train_memory(estimate_: MemoryEstimate, max_tokens: int, machine: Ma
     )
 
 
-def memory_warning(train: TrainMemory, max_tokens: int) -> str | None:
-    """What to set (or that nothing fits) when the longest sample does not train with recompute off."""
-    if train.settings is None or train.settings["off"].fits:
+def memory_warning(train: TrainMemory, max_tokens: int, recompute: str) -> str | None:
+    """What to set (or that nothing fits) when the longest sample does not train with the configured recompute."""
+    if train.settings is None or train.settings[recompute].fits:
         return None
     gpu = GPUS[train.gpu]
     need = {name: f"{setting.at_max_tokens_bytes / GB:,.0f} GB" for name, setting in train.settings.items()}
     where = f"one {gpu.name} ({gpu.memory_gb:g} GB, {train.processes} x {train.sharding})"
-    fitting = [name for name in ("mlp", "full") if train.settings[name].fits]
+    fitting = [name for name in RECOMPUTE if train.settings[name].fits]
     if fitting:
         return (
-            f"samples of {max_tokens:,} tokens need {need['off']} per GPU to train with "
-            f"train.activation_checkpointing: off, more than {where} holds; set it to {fitting[0]} "
+            f"samples of {max_tokens:,} tokens need {need[recompute]} per GPU to train with "
+            f"train.activation_checkpointing: {recompute}, more than {where} holds; set it to {fitting[0]} "
             f"({need[fitting[0]]}, estimated)"
         )
     return (

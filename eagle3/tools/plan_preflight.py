@@ -9,16 +9,21 @@ extract.storage (the ratio). A file that is not a preflight report is one error 
 """
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eagle3.errors import Eagle3Error
+from eagle3.files import read_report_json
+from eagle3.formats.storage import StorageName
 from eagle3.hashing import sha256_file
 from eagle3.tools.plan_types import GPUS, Machine, VerifierShape
 
 TB = 1e12
+# A preflight report is a few KB: anything past this is not one.
+_REPORT_BYTES = 4_000_000
 
 
 @dataclass
@@ -35,18 +40,112 @@ class PreflightFigures:
     warnings: list[str] = field(default_factory=list)
 
 
+# What a figure may be, whatever a report says: finite, positive, below any machine's (1e15 tokens/s, 1 EB).
+Rate = Annotated[float, Field(gt=0, lt=1e15, allow_inf_nan=False)]
+Bytes = Annotated[float, Field(ge=0, lt=1e18, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, lt=1_000_000_000)]
+Text = Annotated[str, Field(max_length=1000)]
+
+
+class _Part(BaseModel):
+    # A report carries more than the plan reads: the rest is left alone, what is read is checked.
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+
+class _MachineFigures(_Part):
+    accelerator_count: Count | None = None
+
+
+class _DataPathFigures(_Part):
+    free_bytes: Bytes | None = None
+
+
+class _ExtractionFigures(_Part):
+    tokens_per_s: Rate | None = None
+    compression_ratio: Annotated[float, Field(gt=1, lt=100, allow_inf_nan=False)] | None = None
+    storage: StorageName | None = None
+    backend: Text | None = None
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=1024)] | None = None
+
+
+class _TrainingFigures(_Part):
+    tokens_per_s: Rate | None = None
+    device: Text | None = None
+    measured_tokens: Annotated[int, Field(ge=1, lt=100_000_000)] | None = None
+    precision: Text | None = None
+
+
+_FIGURES = {
+    "machine": _MachineFigures,
+    "data_path": _DataPathFigures,
+    "extraction": _ExtractionFigures,
+    "training": _TrainingFigures,
+}
+
+
+class _Item(_Part):
+    status: Text
+    figures: dict[str, Any] = {}
+
+
+class _Verifier(_Part):
+    name: Text | None = None
+    config_sha256: Text | None = None
+
+
+class _Draft(_Part):
+    hidden_size: Count | None = None
+    vocab_size: Count | None = None
+    draft_vocab_size: Count | None = None
+
+
+class _Identity(_Part):
+    verifier: _Verifier | None = None
+    draft: _Draft | None = None
+    ttt_steps: Count | None = None
+
+
+class _Report(_Part):
+    format_version: int
+    machine: Text | None = None
+    made: Text | None = None
+    identity: _Identity = _Identity()
+    items: dict[str, _Item]
+
+
+def _validated(model: type[BaseModel], raw: Any, prefix: str, flag: str, path: Path, fix: str) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = prefix + ".".join(str(part) for part in problem["loc"])
+        shown = repr(problem.get("input"))[:80]
+        raise Eagle3Error(f"{flag} {path}: {where or '(top level)'}: {problem['msg']}, got {shown}; {fix}") from None
+
+
 def read_report(path: Path, flag: str) -> dict[str, Any]:
+    """The report at `path`, every part the plan reads checked (types, ranges, finiteness, size): a bad one is one
+    error naming the file and the field, never a figure."""
     from eagle3.tools.preflight import FORMAT_VERSION
 
+    fix = "rerun `eagle3 preflight` on that machine and copy its file"
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-        if report.get("format_version") != FORMAT_VERSION or not isinstance(report.get("items"), dict):
-            raise ValueError(f"format_version {report.get('format_version')!r}, items missing")
+        raw = read_report_json(path, "an eagle3 preflight report", fix, limit=_REPORT_BYTES)
     except FileNotFoundError:
         raise Eagle3Error(f"{flag} {path}: not found; run `eagle3 preflight` on that machine, copy its file") from None
-    except (OSError, ValueError, AttributeError) as exc:
-        raise Eagle3Error(f"{flag} {path}: not an eagle3 preflight report ({exc}); rerun `eagle3 preflight`") from None
-    return report
+    except Eagle3Error as exc:
+        raise Eagle3Error(f"{flag} {exc}") from None
+    report = _validated(_Report, raw, "", flag, path, fix)
+    if report.format_version != FORMAT_VERSION:
+        raise Eagle3Error(
+            f"{flag} {path}: format_version {report.format_version}, this eagle3 reads {FORMAT_VERSION}; {fix}"
+        )
+    items = {}
+    for name, item in report.items.items():
+        model = _FIGURES.get(name)
+        figures = _validated(model, item.figures, f"items.{name}.figures.", flag, path, fix) if model else None
+        items[name] = {"status": item.status, "figures": figures.model_dump(exclude_unset=True) if figures else {}}
+    return {**report.model_dump(exclude={"items"}), "items": items}
 
 
 def _ready(report: dict[str, Any], item: str) -> dict[str, Any] | None:

@@ -214,6 +214,12 @@ class Inputs:
     budget_hours: Budget | None
     link_measurement: dict[str, Any] | None
     train_memory: MemoryEstimate
+    # train.activation_checkpointing the memory check holds to, and the layout the params are set for (C:
+    # streamed states; "A or B": stored; None: no params file).
+    recompute: str
+    configured_layout: str | None
     sources: dict[str, str]
+    # Each input the configuration decides (plan_config.CONFIGURED): where its value came from.
+    configuration: dict[str, str]
     # The plan shows them at its top, before every figure, not among the inputs.
     warnings: list[str] = field(metadata=NOT_IN_JSON)

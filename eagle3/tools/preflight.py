@@ -141,6 +141,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_writable(out: Path, given: Path) -> None:
+    try:
+        if out.is_dir():
+            raise IsADirectoryError(21, "a directory")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}."):
+            pass
+    except OSError as exc:
+        raise Eagle3Error(f"--out {given}: cannot write there ({exc.strerror}); name a writable file") from None
+
+
 def main(args: argparse.Namespace, root: Path = Path(".")) -> int:
     """0 when every item is ready or does not apply here, 1 when one needs a fix or failed."""
     from eagle3.config import load_params
@@ -149,16 +160,17 @@ def main(args: argparse.Namespace, root: Path = Path(".")) -> int:
         raise Eagle3Error(f"--budget-scale must be > 0, got {args.budget_scale:g}")
     params = load_params(args.params)
     names = tuple(name for name in ITEMS if not args.only or name in args.only)
+    out = args.out if args.out.is_absolute() else root / args.out
+    _check_writable(out, args.out)  # before minutes of measuring, not after
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="eagle3-preflight-") as scratch:
         context = Context(root.resolve(), params, Path(scratch), args.budget_scale)
         run_items(context, names)
     result = report(context, names, time.perf_counter() - started)
-    out = args.out if args.out.is_absolute() else root / args.out
+    print(screen(result))  # the verdicts, even if the file cannot be written after all
     try:
         write_json(out, result)
     except OSError as exc:
         raise Eagle3Error(f"--out {args.out}: cannot write ({exc.strerror}); name a writable file") from None
-    print(screen(result))
     print(f"wrote {args.out}")
     return 0 if all(item["status"] in ("ready", "not available") for item in result["items"].values()) else 1

@@ -1,0 +1,136 @@
+"""`eagle3 plan` reads the configuration: every figure params.yaml decides comes from it (a flag still overrides),
+equals the plan of the same values given as flags, and each input names its source."""
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from eagle3.tools.configs import render
+from eagle3.tools.plan_config import CONFIGURED
+
+from conftest import eagle3, write_params
+
+SEED = ("--mean-tokens", "16384", "--compression-ratio", "1.476")
+# The hero configuration with a value other than every flag's built-in default.
+CHANGED = {
+    ("prepare", "max_rows"): 2000,
+    ("extract", "max_seq_len"): 24576,
+    ("extract", "aux_layer_ids"): [2, 30],
+    ("extract", "storage"): "fp8-aux",
+    ("train", "epochs"): 3,
+    ("train", "ttt_steps"): 5,
+    ("vocab", "draft_vocab_size"): 16000,
+    ("train", "keep_checkpoints"): 4,
+    ("train", "stream_buffer_gb"): 32.0,
+    ("train", "sharding"): "fsdp",
+    ("train", "activation_checkpointing"): "mlp",
+    ("train", "launch"): {"processes_per_node": 4, "nodes": 1},
+}
+# The same values as flags.
+FLAGS = (
+    "--samples", "2000", "--max-tokens", "24576", "--layers", "3", "--storage", "fp8-aux", "--epochs", "3",
+    "--ttt-steps", "5", "--draft-vocab", "16000", "--keep-checkpoints", "4", "--stream-buffer-gb", "32",
+    "--sharding", "fsdp", "--recompute", "mlp", "--gpus", "4",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="module")
+def train_memory_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+def _hero(changes: dict) -> dict:
+    params = yaml.safe_load(render("kimi-k2.5", "B"))
+    for (section, key), value in changes.items():
+        params[section][key] = copy.deepcopy(value)
+    return params
+
+
+def _plan(root, *args) -> dict:
+    return json.loads(eagle3(root, "plan", *SEED, *args, "--json").stdout)
+
+
+def _figures(plan: dict) -> dict:
+    """Everything but where the inputs came from."""
+    inputs = {k: v for k, v in plan["inputs"].items() if k not in ("sources", "configuration", "configured_layout")}
+    return {**plan, "inputs": inputs}
+
+
+def test_the_params_decide_what_the_flags_would_and_each_input_names_its_source(tmp_path):
+    configured = tmp_path / "configured"
+    configured.mkdir()
+    write_params(configured, _hero(CHANGED))
+    by_hand = tmp_path / "by-hand"
+    by_hand.mkdir()
+    from_params, from_flags = _plan(configured), _plan(by_hand, *FLAGS)
+    assert _figures(from_params) == _figures(from_flags)
+    assert set(CHANGED) and len(FLAGS) == 2 * len(CONFIGURED)
+    # Against a hand computation: 2000 x 16384 tokens, 3 captured layers of 7168 bf16 values; fp8-aux storage.
+    tokens = 2000 * 16384
+    assert from_params["tokens"] == tokens
+    assert from_params["hidden_states"]["raw_bytes"] == tokens * 3 * 7168 * 2
+    draft = 10 * 7168**2 + 3 * 7168 * 18432 + 16000 * 7168
+    assert from_params["draft_params"] == draft and from_params["checkpoints_bytes"] == draft * 12 * 4
+    inputs = from_params["inputs"]
+    assert inputs["storage"] == "fp8-aux" and inputs["max_tokens"] == 24576 and inputs["there"]["gpus"] == 4
+    memory = from_params["train_memory"]
+    assert (memory["ttt_steps"], memory["processes"], memory["sharding"]) == (5, 4, "fsdp")
+    assert inputs["recompute"] == "mlp" and inputs["configured_layout"] == "A or B"
+    assert inputs["configuration"] == {flag: f"params.yaml {key}" for flag, (key, _) in CONFIGURED.items()}
+    assert from_flags["inputs"]["configuration"] == {flag: "--" + flag.replace("_", "-") for flag in CONFIGURED}
+    assert inputs["sources"]["verifier"] == (
+        "params.yaml verifier.source.name (moonshotai/Kimi-K2.5: preset kimi-k2.5)"
+    )
+
+
+def test_a_flag_overrides_the_params_and_says_so(tmp_path):
+    write_params(tmp_path, _hero(CHANGED))
+    plan = _plan(tmp_path, "--ttt-steps", "3")
+    assert plan["train_memory"]["ttt_steps"] == 3
+    assert plan["inputs"]["configuration"]["ttt_steps"] == "--ttt-steps"
+    assert plan["inputs"]["configuration"]["epochs"] == "params.yaml train.epochs"
+
+
+def test_without_params_the_built_in_defaults_are_named(tmp_path):
+    plan = _plan(tmp_path, "--samples", "3000")
+    configuration = plan["inputs"]["configuration"]
+    assert configuration["ttt_steps"] == "default of --ttt-steps" and plan["train_memory"]["ttt_steps"] == 7
+    assert configuration["samples"] == "--samples" and plan["inputs"]["configured_layout"] is None
+
+
+def test_the_plan_says_when_the_params_are_set_for_another_layout(tmp_path):
+    write_params(tmp_path, _hero({("prepare", "max_rows"): 3000}))
+    plan = _plan(tmp_path, "--disk-tb", "1")
+    assert plan["recommendation"] == "C"
+    assert (
+        "The params are set for layout A or B; for C set train.hidden_states: streamed, extract.splits: [heldout] "
+        "(`eagle3 init NAME --layout C` rewrites a shipped configuration so)."
+    ) in plan["answer"]
+
+
+def test_params_of_another_verifier_are_read_with_a_warning(tmp_path):
+    from conftest import smoke_params
+
+    write_params(tmp_path, smoke_params())
+    plan = _plan(tmp_path, "--samples", "3000", "--max-tokens", "16384")
+    assert plan["inputs"]["verifier"]["name"] == "moonshotai/Kimi-K2.5"
+    assert plan["train_memory"]["ttt_steps"] == 3  # the params' own, named as such
+    assert plan["inputs"]["configuration"]["ttt_steps"] == "params.yaml train.ttt_steps"
+    assert plan["warnings"][0].startswith(
+        "params.yaml configures HuggingFaceTB/SmolLM2-135M-Instruct, whose shape the plan does not know here"
+    )
+
+
+def test_a_mean_longer_than_the_configured_sequences_is_one_line_naming_the_key(tmp_path):
+    shorter = {"max_tokens": 4096, "temperature": 1.0, "top_p": 0.95, "seed": 0}
+    write_params(tmp_path, _hero({("extract", "max_seq_len"): 8192, ("generate", "sampling"): shorter}))
+    result = eagle3(tmp_path, "plan", *SEED, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "eagle3 plan: error: --mean-tokens (16384) cannot exceed the longest sample, 8192 tokens "
+        "(params.yaml extract.max_seq_len)"
+    )
