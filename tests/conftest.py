@@ -158,11 +158,14 @@ def draft_params(**train) -> dict:
     from test_generate import _params
 
     params = _params()
-    # States computed in float32 (stored in bf16 as always): tests that compare two ways of making or training on
-    # them (streamed vs stored, one process vs two) then differ only by float32 rounding on every CPU kind. In bf16
-    # the verifier's forward pass rounds differently with the padding, the thread count and the CPU's bf16 units
-    # (AMX), and training amplifies it. The bf16 path is extracted in test_pipeline and the Kimi rehearsal.
+    # States computed in float32 (stored in bf16 as always), one sequence per forward pass: tests that compare two
+    # ways of making or training on them (streamed vs stored, one process vs two) then compute the same states bit
+    # for bit on every CPU kind. Any other padding or thread count rounds otherwise in float32, a few values then
+    # land on the other side of a bf16 rounding and training amplifies it (more on AVX-512 than on AVX2); in bf16
+    # the CPU's bf16 units (AMX) round otherwise too. Batched bf16 extraction runs in test_pipeline and the Kimi
+    # rehearsal.
     params["extract"]["dtype"] = "float32"
+    params["extract"]["batch_tokens"] = 1
     params["vocab"] = {"draft_vocab_size": 2048}
     params["train"] = {**TRAIN_SMALL, **train}
     params["evaluate"] = {
