@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     preflight.add_arguments(
         commands.add_parser("preflight", help="measure this machine before a run: training, extraction, serving, disk")
     )
+    from eagle3.tools import repair
+
+    repair.add_arguments(
+        commands.add_parser(
+            "repair", help="check an output's copies (workspace, DVC cache, remote) against dvc.lock; restore bad ones"
+        )
+    )
     return parser
 
 
@@ -89,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             from eagle3.tools import configs
 
             configs.main(args)
+        elif args.command == "repair":  # not a stage: DVC's copies of what the stages made
+            from eagle3.tools import repair
+
+            return repair.main(args)
         elif args.command == "preflight":  # not a stage: measures the machine, writes no pipeline output
             from eagle3.tools import preflight
 

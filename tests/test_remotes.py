@@ -239,3 +239,128 @@ def test_ssh_remote_survives_a_killed_server(tmp_path):
         _clone_pull_repro(root, tmp_path / "clone", env, digests, [["ssh", "keyfile", str(server.client_key)]])
     finally:
         server.kill()
+
+
+def _repair(root: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return _run(root, env, sys.executable, "-m", "eagle3.cli", "repair", *args, check=False)
+
+
+class _Storage:
+    """A remote's objects, read and written behind DVC's back: a local directory, or a bucket on moto's S3."""
+
+    def __init__(self, kind: str, tmp_path: Path):
+        self.kind, self.tmp_path, self.server = kind, tmp_path, None
+
+    def configure(self, root: Path, env: dict) -> list[list[str]]:
+        """Adds the remote `store` to the project; returns the --local settings a clone needs."""
+        if self.kind == "local":
+            _run(root, env, "dvc", "remote", "add", "-d", "store", str(self.tmp_path / "storage"))
+            return []
+        self.server = MotoS3(self.tmp_path / "moto").start()
+        _run(root, env, "dvc", "remote", "add", "-d", "store", f"s3://{MotoS3.bucket}/eagle3")
+        _run(root, env, "dvc", "remote", "modify", "store", "endpointurl", self.server.endpoint)
+        secrets = [["store", "access_key_id", S3_KEY_ID], ["store", "secret_access_key", S3_SECRET]]
+        for setting in secrets:
+            _run(root, env, "dvc", "remote", "modify", "--local", *setting)
+        return secrets
+
+    def read(self, md5: str) -> bytes:
+        if self.kind == "local":
+            return (self.tmp_path / "storage/files/md5" / md5[:2] / md5[2:]).read_bytes()
+        return (
+            self.server.client()
+            .get_object(Bucket=MotoS3.bucket, Key=f"eagle3/files/md5/{md5[:2]}/{md5[2:]}")["Body"]
+            .read()
+        )
+
+    def write(self, md5: str, data: bytes) -> None:
+        if self.kind == "local":
+            path = self.tmp_path / "storage/files/md5" / md5[:2] / md5[2:]
+            path.chmod(0o644)
+            path.write_bytes(data)
+        else:
+            self.server.client().put_object(
+                Bucket=MotoS3.bucket, Key=f"eagle3/files/md5/{md5[:2]}/{md5[2:]}", Body=data
+            )
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_corruption_in_the_remote_is_named_and_repaired(tmp_path, kind):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _env(home)
+    root = tmp_path / "project"
+    digests = _project(root, env)
+    storage = _Storage(kind, tmp_path)
+    try:
+        _corrupted_then_repaired(tmp_path, env, root, digests, storage, storage.configure(root, env))
+    finally:
+        if storage.server is not None:
+            storage.server.kill()
+
+
+def _clone(tmp_path: Path, env: dict, root: Path, name: str, secrets: list[list[str]]) -> Path:
+    clone = tmp_path / name
+    _run(tmp_path, env, "git", "clone", "-q", str(root), str(clone))
+    for setting in secrets:
+        _run(clone, env, "dvc", "remote", "modify", "--local", *setting)
+    return clone
+
+
+def _corrupted_then_repaired(tmp_path, env, root, digests, storage, secrets):
+    _run(root, env, "git", "commit", "-qam", "remote")
+    _run(root, env, "dvc", "push")
+    damaged = "shards/shard-005.e3sh"
+    md5 = hashlib.md5((root / damaged).read_bytes()).hexdigest()
+    flipped = bytearray(storage.read(md5))
+    flipped[1000:1016] = bytes(b ^ 0xFF for b in flipped[1000:1016])
+    storage.write(md5, bytes(flipped))
+    lost = (
+        f"eagle3 repair: error: {damaged}: no intact copy in the workspace, cache or remote 'store' (the bad ones "
+        "here are removed); remake them with `dvc repro` (stage shards; a resumable stage remakes only the missing "
+        "files), then run `eagle3 repair shards` again to put them in the cache and remote"
+    )
+
+    # With the remote's verify, DVC's pull stops naming only the directory and checks out none of it; repair names
+    # the file and checks out the rest.
+    verifying = _clone(tmp_path, env, root, "verifying", secrets)
+    _run(verifying, env, "dvc", "remote", "modify", "--local", "store", "verify", "true")
+    assert _run(verifying, env, "dvc", "pull", check=False).returncode != 0
+    assert not (verifying / "shards").exists()
+    named = _repair(verifying, env, "shards")
+    assert named.returncode == 2 and named.stderr.strip().splitlines()[-1] == lost, named.stderr
+    assert sorted(_digests(verifying / "shards").items()) == sorted(
+        (name, digest) for name, digest in digests.items() if name != "shard-005.e3sh"
+    )
+
+    # Without it, the pull lands the bad bytes in the cache under their good name and DVC sees nothing wrong.
+    plain = _clone(tmp_path, env, root, "plain", secrets)
+    _run(plain, env, "dvc", "pull")
+    cached = plain / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
+    assert hashlib.md5(cached.read_bytes()).hexdigest() != md5
+    assert "up to date" in _run(plain, env, "dvc", "status").stdout
+    named = _repair(plain, env, damaged)
+    assert named.returncode == 2 and named.stderr.strip().splitlines()[-1] == lost.replace(
+        "repair shards` again", f"repair {damaged}` again"
+    )
+    assert f"{damaged}: cache: corrupt, removed" in named.stderr
+    assert not cached.exists() and not (plain / damaged).exists()
+
+    # The stage remakes the file, byte for byte; `dvc push` alone keeps the remote's bad copy, repair replaces it.
+    _run(plain, env, "dvc", "repro")
+    assert _run(plain, env, "git", "status", "--porcelain").stdout == ""
+    assert "Everything is up to date" in _run(plain, env, "dvc", "push").stdout
+    fixed = _repair(plain, env, "shards")
+    assert fixed.returncode == 0, fixed.stderr
+    assert f"{damaged}: remote 'store': corrupt, replaced" in fixed.stderr
+    assert f"{SHARDS} files checked in the workspace, cache and remote 'store': 1 repaired, 0 lost" in fixed.stderr
+    assert hashlib.md5(storage.read(md5)).hexdigest() == md5
+
+    # The first clone, repaired: the file its pull refused arrives intact, every copy checks, nothing re-runs.
+    again = _repair(verifying, env, "shards")
+    assert (
+        again.returncode == 0 and f"{damaged}: cache: missing, restored; workspace: missing, restored" in again.stderr
+    )
+    _verify_shards(verifying / "shards", digests)
+    assert "Data and pipelines are up to date" in _run(verifying, env, "dvc", "status").stdout
+    assert "0 repaired, 0 lost" in _repair(verifying, env, "shards").stderr
