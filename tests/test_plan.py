@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import eagle3
+from conftest import eagle3, tmpfs
 
 DVC = str(Path(sys.executable).with_name("dvc"))
 SEED = ("--samples", "3000", "--mean-tokens", "16384")
@@ -466,6 +466,29 @@ def test_cache_link_from_the_projects_dvc_config(tmp_path):
     assert not any("cache.type" in w for w in plan["warnings"])
     (tmp_path / ".dvc" / "config.local").unlink()
     assert _plan(tmp_path, *SEED)["inputs"]["cache_link"] == "hardlink"
+
+
+def test_cache_link_follows_outputs_on_another_filesystem(tmp_path):
+    """A hardlink cannot reach an output on another volume than the cache: DVC then takes the next type it is
+    given (symlink: no second copy), or copies."""
+    _metrics(tmp_path)
+    (tmp_path / ".dvc").mkdir()
+    with tmpfs(tmp_path / "volume", "1m") as volume:
+        (volume / "hidden").mkdir()
+        (tmp_path / "data").mkdir()
+        (tmp_path / "data" / "hidden").symlink_to(volume / "hidden")
+        expected_disk = {}
+        for types, link in (("hardlink,symlink", "symlink"), ("hardlink", "copy"), ("symlink,copy", "symlink")):
+            (tmp_path / ".dvc" / "config").write_text(f"[cache]\n    type = {types}\n")
+            plan = _plan(tmp_path, *SEED)
+            assert plan["inputs"]["cache_link"] == link, types
+            assert (
+                "data/hidden and the DVC cache are on different filesystems" in plan["inputs"]["sources"]["cache_link"]
+            ) == types.startswith("hardlink")
+            expected_disk[link] = plan["scenarios"]["B"]["disk"]["there"]["bytes"]
+        # Copies store the states, answers and checkpoints twice (B there also holds the verifier's weights, once).
+        weights = plan["verifier_weights_bytes"] * (1 + plan["inputs"]["headroom"])
+        assert expected_disk["copy"] - weights == pytest.approx(2 * (expected_disk["symlink"] - weights))
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from eagle3.formats.provenance import verifier_location
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.params.train import MAX_TTT_STEPS
 from eagle3.paths import PROVENANCE
-from eagle3.tools.dvc_config import cache_option
+from eagle3.tools.dvc_config import cache_option, usable_cache_link
 from eagle3.tools.plan_config import Configured
 from eagle3.tools.plan_config import apply as apply_configuration
 from eagle3.tools.plan_memory import TrainMemory, compute_train_memory, estimate, memory_warning
@@ -66,13 +66,6 @@ def measured_verifier(root: Path) -> str | None:
         return str(json.loads((root / PROVENANCE).read_text())["name"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def configured_cache_link(root: Path) -> str | None:
-    """The first link type of `cache.type` in the project's DVC config (config.local overrides config), the one DVC
-    tries first; None where it is not set."""
-    configured = cache_option(root, "type")
-    return None if configured is None else configured.split(",")[0].strip()
 
 
 def parse_budget(flag: str, text: str | None) -> Budget | None:
@@ -324,12 +317,16 @@ class CacheLink:
 
 
 def check_cache_link(args: argparse.Namespace, root: Path) -> CacheLink:
-    """--cache-link, else the first link type this project's DVC config sets, else the README's hardlink."""
+    """--cache-link, else what DVC will make of this project's cache.type where its outputs lie now (a hardlink
+    cannot reach an output on another filesystem than the cache), else the README's hardlink."""
     if args.cache_link is not None:
         return CacheLink(args.cache_link, "--cache-link", assumed=False)
-    configured = configured_cache_link(root)
-    if configured in CACHE_LINKS:
-        return CacheLink(configured, "this project's DVC config (cache.type)", assumed=False)
+    configured = cache_option(root, "type")
+    types = [kind.strip() for kind in (configured or "").split(",") if kind.strip() in CACHE_LINKS]
+    if types:
+        link, why = usable_cache_link(root, types)
+        source = f"this project's DVC config (cache.type {configured})" + (f": {why}" if why else "")
+        return CacheLink(link, source, assumed=False)
     return CacheLink("hardlink", "assumed: the README's `cache.type hardlink,symlink`", assumed=True)
 
 

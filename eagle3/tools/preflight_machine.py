@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3.tools.dvc_config import dvc_cache_dir, nearest_existing
 from eagle3.tools.preflight_items import GB, Context, Fix, Item
 
 MATMUL_SIZE = 1024
@@ -188,20 +189,6 @@ def measure_collectives(context: Context, item: Item) -> None:
         )
 
 
-def _existing(path: Path) -> Path:
-    while not path.exists():
-        path = path.parent
-    return path
-
-
-def dvc_cache_dir(root: Path) -> Path:
-    """The DVC cache as the project's config sets it (a relative cache.dir is relative to .dvc/), else .dvc/cache."""
-    from eagle3.tools.dvc_config import cache_option
-
-    configured = cache_option(root, "dir")
-    return root / ".dvc" / (configured or "cache")
-
-
 def disk_throughput(directory: Path, seconds: float, limit_bytes: int) -> dict[str, Any]:
     """Sequential write (fsync'd) then read of one scratch file in `directory`, the page cache dropped between
     them, each stopped after about `seconds`/2; the file is removed."""
@@ -277,7 +264,7 @@ def measure_data_path(context: Context, item: Item) -> None:
     places = {"data/hidden": context.root / HIDDEN_DIR, "dvc_cache": dvc_cache_dir(context.root)}
     disks: dict[str, Any] = {}
     for name, place in places.items():
-        existing = _existing(place)
+        existing = nearest_existing(place)
         free = shutil.disk_usage(existing).free
         disks[name] = {
             "path": str(place),
