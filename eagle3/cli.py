@@ -45,9 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("draft", type=Path, help="draft directory (config.json + model.safetensors)")
     validate.add_argument("--verifier", type=Path, required=True, help="the verifier's HF directory")
-    from eagle3.tools import plan_cli
+    from eagle3.tools import plan_flags
 
-    plan_cli.add_arguments(
+    plan_flags.add_arguments(
         commands.add_parser("plan", help="hero-run disk, time and cost: extract here and ship, or extract there")
     )
     from eagle3.tools import configs

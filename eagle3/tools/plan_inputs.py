@@ -5,7 +5,6 @@ mislead (`Inputs.warnings`)."""
 
 import argparse
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,11 @@ from eagle3.errors import Eagle3Error
 from eagle3.files import read_report_json
 from eagle3.formats.provenance import verifier_location
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
-from eagle3.params.train import MAX_TTT_STEPS
 from eagle3.paths import PROVENANCE
 from eagle3.tools.dvc_config import cache_option, usable_cache_link
 from eagle3.tools.plan_config import Configured
 from eagle3.tools.plan_config import apply as apply_configuration
+from eagle3.tools.plan_flags import positive, validate_args
 from eagle3.tools.plan_memory import TrainMemory, compute_train_memory, estimate, memory_warning
 from eagle3.tools.plan_preflight import PreflightFigures, disk_words, preflights
 from eagle3.tools.plan_types import (
@@ -28,7 +27,6 @@ from eagle3.tools.plan_types import (
     GPUS,
     PRESETS,
     TRAIN_MEASURED,
-    Budget,
     Inputs,
     Machine,
     VerifierShape,
@@ -66,124 +64,6 @@ def measured_verifier(root: Path) -> str | None:
         return str(json.loads((root / PROVENANCE).read_text())["name"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def parse_budget(flag: str, text: str | None) -> Budget | None:
-    """`MAX` or `MIN-MAX`, both > 0."""
-    if text is None:
-        return None
-    try:
-        parts = [float(part) for part in text.replace("$", "").split("-")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2) or not all(math.isfinite(p) and p > 0 for p in parts) or parts != sorted(parts):
-        raise Eagle3Error(f"{flag}: expected MAX or MIN-MAX with 0 < MIN <= MAX, got {text!r}")
-    return Budget(parts[0] if len(parts) == 2 else None, parts[-1])
-
-
-def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise Eagle3Error(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _check_gpu(flag: str, name: str) -> None:
-    if name not in GPUS:
-        raise Eagle3Error(f"{flag}: unknown GPU {name!r}; presets: {', '.join(GPUS)}")
-
-
-# Flags (as attribute names) that must be > 0 where given, in the order their errors take precedence.
-POSITIVE = (
-    "samples mean_tokens max_tokens layers bytes_per_element link_gbit link_efficiency weights_link_gbit "
-    "extract_tokens_per_s gpus gpu_tflops mfu here_gpus here_share here_tokens_per_s train_tokens_per_s epochs "
-    "draft_vocab keep_checkpoints stream_buffer_gb disk_tb here_disk_tb compression_ratio active_params weights_gb "
-    "probe_mb jobs ttt_steps"
-).split()
-
-
-# Upper bounds: past them a flag describes no machine or run (and would overflow a figure or estimate forever).
-LIMITS = {
-    "samples": 1e10,
-    "mean_tokens": 1e8,
-    "max_tokens": 1e8,
-    "layers": 1000,
-    "bytes_per_element": 8,
-    "link_gbit": 1e6,
-    "weights_link_gbit": 1e6,
-    "extract_tokens_per_s": 1e12,
-    "here_tokens_per_s": 1e12,
-    "train_tokens_per_s": 1e12,
-    "gpus": 100_000,
-    "here_gpus": 100_000,
-    "gpu_tflops": 1e7,
-    "epochs": 10_000,
-    "draft_vocab": 1e8,
-    "keep_checkpoints": 10_000,
-    "stream_buffer_gb": 1e9,
-    "disk_tb": 1e6,
-    "here_disk_tb": 1e6,
-    "compression_ratio": 1000,
-    "active_params": 1e15,
-    "weights_gb": 1e9,
-    "probe_mb": 1e6,
-    "jobs": 1024,
-    "ttt_steps": MAX_TTT_STEPS,
-    "gpu_usd_per_hour": 1e6,
-    "here_usd_per_hour": 1e9,
-    "headroom": 100,
-}
-
-
-def _check_values(args: argparse.Namespace) -> None:
-    for name in POSITIVE:
-        _positive(_flag(name), getattr(args, name))
-    for name, limit in LIMITS.items():
-        value = getattr(args, name)
-        if value is not None and value > limit:
-            raise Eagle3Error(f"{_flag(name)} must be <= {limit:g}, got {value:g}")
-    for name in ("gpu_usd_per_hour", "here_usd_per_hour", "headroom"):
-        _positive(_flag(name), getattr(args, name), allow_zero=True)
-    for name in ("link_efficiency", "mfu", "here_share"):
-        if getattr(args, name) > 1:
-            raise Eagle3Error(f"{_flag(name)} is a fraction in (0, 1], got {getattr(args, name):g}")
-    if args.compression_ratio is not None and args.compression_ratio <= 1:
-        raise Eagle3Error(
-            f"--compression-ratio is raw/stored and must be > 1 (the shards are compressed), got "
-            f"{args.compression_ratio:g}"
-        )
-    if args.cache_link is not None and args.cache_link not in CACHE_LINKS:
-        raise Eagle3Error(f"--cache-link: unknown link type {args.cache_link!r}; one of {', '.join(CACHE_LINKS)}")
-
-
-@dataclass(frozen=True)
-class CheckedArgs:
-    """What the flags give once checked: the longest sample (default: the mean, rounded up) and the budgets."""
-
-    max_tokens: int
-    budget_usd: Budget | None
-    budget_hours: Budget | None
-
-
-def validate_args(args: argparse.Namespace, configuration: dict[str, str] | None = None) -> CheckedArgs:
-    """Every flag on its own, before any file but the params is read, so that the first bad one is the error
-    reported."""
-    _check_values(args)
-    max_tokens = args.max_tokens if args.max_tokens is not None else int(math.ceil(args.mean_tokens))
-    if args.mean_tokens > max_tokens:
-        source = (configuration or {}).get("max_tokens", "--max-tokens")
-        raise Eagle3Error(
-            f"--mean-tokens ({args.mean_tokens:g}) cannot exceed the longest sample, {max_tokens} tokens ({source})"
-        )
-    _check_gpu("--gpu", args.gpu)
-    _check_gpu("--here-gpu", args.here_gpu)
-    return CheckedArgs(
-        max_tokens, parse_budget("--budget-usd", args.budget_usd), parse_budget("--budget-hours", args.budget_hours)
-    )
 
 
 @dataclass(frozen=True)
@@ -247,7 +127,7 @@ def compression_ratio(
             ratio, storage, f"--compression-ratio (storage {storage})", storage_ratios(ratio, storage), False
         )
     ratio = float(metrics["compression_ratio"])
-    _positive(f"{args.metrics}: compression_ratio", ratio)
+    positive(f"{args.metrics}: compression_ratio", ratio)
     source = f"{args.metrics}, measured with storage {measured_storage} on {measured.on}"
     if storage != measured_storage:
         factor = STORAGE_GAIN[storage] / STORAGE_GAIN[measured_storage]
