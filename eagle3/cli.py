@@ -26,45 +26,85 @@ STAGES: dict[str, str] = {
     "evaluate": "tokens per verifier step inside vLLM on held-out and benchmark prompts, vs vLLM's ngram",
     "report": "license gate, lineage record and model card; --check verifies them",
 }
-# Earlier names users may have in scripts.
-ALIASES = {"lineage": "report"}
+
+
+def _command(commands, name: str, help_text: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose --help opens with the line `eagle3 --help` shows for it."""
+    return commands.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", **kwargs)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("eagle3")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed: run make setup)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eagle3", description="Reproducible EAGLE-3 draft training for vLLM.")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+    from eagle3.runner import PARAMS_HELP
+
+    parser = argparse.ArgumentParser(
+        prog="eagle3",
+        description="Reproducible EAGLE-3 draft training for vLLM. Every command reads the params file; its directory "
+        "is the project root. Paths given on the command line are relative to the current directory.",
+    )
+    parser.add_argument("--version", action="version", version=f"eagle3 {_version()}")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help=PARAMS_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in STAGES.items():
         # The stage's own options (and its --help) are parsed by the stage's parser once it is imported.
         commands.add_parser(name, help=f"stage: {help_text}", add_help=False)
-    for alias, name in ALIASES.items():
-        commands.add_parser(alias, help=f"the same as `{name}`", add_help=False)
-    commands.add_parser("check", help="validate the params file and print it fully resolved (defaults filled in)")
-    validate = commands.add_parser(
-        "validate-draft", help="check a draft directory against vLLM's EAGLE-3 contract and its verifier"
+    # Tools take --params after their name too, as stages do.
+    params = argparse.ArgumentParser(add_help=False)
+    params.add_argument("--params", type=Path, default=argparse.SUPPRESS, help=PARAMS_HELP)
+    _command(
+        commands, "check", "validate the params file and print it fully resolved (defaults filled in)", parents=[params]
+    )
+    validate = _command(
+        commands, "validate-draft", "check a draft directory against vLLM's EAGLE-3 contract and its verifier"
     )
     validate.add_argument("draft", type=Path, help="draft directory (config.json + model.safetensors)")
     validate.add_argument("--verifier", type=Path, required=True, help="the verifier's HF directory")
     from eagle3.tools import plan_flags
 
     plan_flags.add_arguments(
-        commands.add_parser("plan", help="hero-run disk, time and cost: extract here and ship, or extract there")
+        _command(
+            commands,
+            "plan",
+            "hero-run disk, time and cost: extract here and ship, or extract there",
+            parents=[params],
+        )
     )
     from eagle3.tools import configs
 
     configs.add_arguments(
-        commands.add_parser("init", help="write a shipped configuration (e.g. kimi-k2.5, the hero run) as params.yaml")
+        _command(
+            commands,
+            "init",
+            "write a shipped configuration (e.g. kimi-k2.5, the hero run) as the params file",
+            parents=[params],
+        )
     )
     from eagle3.tools import preflight
 
     preflight.add_arguments(
-        commands.add_parser("preflight", help="measure this machine before a run: training, extraction, serving, disk")
+        _command(
+            commands,
+            "preflight",
+            "measure this machine before a run: training, extraction, serving, disk",
+            parents=[params],
+        )
     )
     from eagle3.tools import repair
 
     repair.add_arguments(
-        commands.add_parser(
-            "repair", help="check an output's copies (workspace, DVC cache, remote) against dvc.lock; restore bad ones"
+        _command(
+            commands,
+            "repair",
+            "check an output's copies (workspace, DVC cache, remote) against dvc.lock; restore bad ones",
+            parents=[params],
         )
     )
     return parser
@@ -73,37 +113,37 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     guard_output()
     args, rest = build_parser().parse_known_args(argv)
-    stage_name = ALIASES.get(args.command, args.command)
-    if stage_name in STAGES:
+    if args.command in STAGES:
         from eagle3.runner import execute, stage_parser
 
-        stage = importlib.import_module(f"eagle3.stages.{stage_name}")
-        options = stage_parser(stage, argparse.ArgumentParser(prog=f"eagle3 {args.command}")).parse_args(rest)
-        return execute(stage, args.command, args.params, options)
+        stage = importlib.import_module(f"eagle3.stages.{args.command}")
+        options = stage_parser(stage, f"eagle3 {args.command}", args.params).parse_args(rest)
+        return execute(stage, args.command, options.params, options)
     if rest:
         build_parser().error(f"unrecognized arguments: {' '.join(rest)}")
+    root = args.params.resolve().parent
     try:
         if args.command == "validate-draft":
             from eagle3.formats.exported_draft import validate_draft
 
             validate_draft(args.draft, args.verifier)
             print(f"{args.draft}: valid EAGLE-3 draft for {args.verifier}")
-        elif args.command == "plan":  # not a stage: CLI flags and measured metrics, no params.yaml
+        elif args.command == "plan":  # not a stage: flags, the params file and the measured metrics
             from eagle3.tools import plan_cli
 
-            plan_cli.main(args)
+            plan_cli.main(args, root)
         elif args.command == "init":
             from eagle3.tools import configs
 
             configs.main(args)
-        elif args.command == "repair":  # not a stage: DVC's copies of what the stages made
-            from eagle3.tools import repair
-
-            return repair.main(args)
         elif args.command == "preflight":  # not a stage: measures the machine, writes no pipeline output
             from eagle3.tools import preflight
 
-            return preflight.main(args)
+            return preflight.main(args, root)
+        elif args.command == "repair":  # not a stage: DVC's copies of what the stages made
+            from eagle3.tools import repair
+
+            return repair.main(args, root)
         else:
             from eagle3.config import check_against_verifier, load_params
 

@@ -80,7 +80,14 @@ def execute(stage: ModuleType, command: str, params_path: Path, options: argpars
     return 0
 
 
-def stage_parser(stage: ModuleType, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+PARAMS_HELP = "params file; its directory is the project root (default: ./params.yaml)"
+
+
+def stage_parser(stage: ModuleType, prog: str, default_params: Path | None) -> argparse.ArgumentParser:
+    """A stage's command line, the same for `python stages/<name>.py` and `eagle3 <name>`: --params and the
+    stage's own options, described by the first line of the stage module's docstring."""
+    parser = argparse.ArgumentParser(prog=prog, description=(stage.__doc__ or "").split("\n")[0])
+    parser.add_argument("--params", type=Path, default=default_params, help=PARAMS_HELP)
     if hasattr(stage, "add_arguments"):
         stage.add_arguments(parser)
     return parser
@@ -90,7 +97,5 @@ def main(stage: ModuleType, argv: list[str] | None = None) -> int:
     """Entry point of stages/<name>.py: `python stages/<name>.py [--params FILE] [stage options]`."""
     guard_output()
     command = stage.__name__.rsplit(".", 1)[-1]
-    parser = argparse.ArgumentParser(prog=f"stages/{command}.py", description=(stage.__doc__ or "").split("\n")[0])
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
-    options = stage_parser(stage, parser).parse_args(argv)
+    options = stage_parser(stage, f"stages/{command}.py", Path("params.yaml")).parse_args(argv)
     return execute(stage, command, options.params, options)

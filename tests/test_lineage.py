@@ -1,4 +1,4 @@
-"""`eagle3 lineage` (stage report) in a real git + DVC repository in a temporary directory.
+"""`eagle3 report` (stage report) in a real git + DVC repository in a temporary directory.
 
 The pipeline there is small but real where it matters: the real `verifier`
 stage referencing a tiny HF directory outside the repository (as the 1T
@@ -368,7 +368,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     shown = "vllm 0.0.2, torch 0.0.1, Python 3.10.1; CPU Test CPU (2 logical); TP 1"
     assert f"| `metrics/eval.json` | eval.json | {shown} |" in markdown
     assert f"- `metrics/eval.json`: {shown}" in card
-    checked = eagle3(root, "lineage", "--check")
+    checked = eagle3(root, "report", "--check")
     assert checked.returncode == 0
     warning = next(line for line in checked.stderr.splitlines() if line.startswith("warning: "))
     assert warning.startswith("warning: metrics/eval.json (stage evaluate) was made with ")
@@ -389,7 +389,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     } == DOWNSTREAM_OF_PROMPTS
     # metrics/eval.json has the same bytes (evaluate copied the same numbers), but it was made from a different draft.
     assert lineage["artifacts"]["metrics/eval.json"]["md5"] == changed["artifacts"]["metrics/eval.json"]["md5"]
-    assert eagle3(root, "lineage", "--check").returncode == 0
+    assert eagle3(root, "report", "--check").returncode == 0
 
 
 def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
@@ -398,7 +398,7 @@ def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
     card_path = root / "data/prepared/card.json"
     card_path.write_text(card_path.read_text().replace('"heldout": 2', '"heldout": 3', 1))
 
-    checked = eagle3(root, "lineage", "--check", check=False)
+    checked = eagle3(root, "report", "--check", check=False)
     assert checked.returncode == 2 and "lineage check: 4 problem(s)" in checked.stderr
     assert sorted(checked.stdout.splitlines()) == [
         "dirty: stage benchmarks: dep data/prepared modified",
@@ -406,20 +406,20 @@ def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
         "dirty: stage prepare: out data/prepared modified",
         "dirty: stage report: dep data/prepared modified",
     ]
-    published = eagle3(root, "lineage", check=False)
+    published = eagle3(root, "report", check=False)
     assert published.returncode == 2
     assert "workspace does not match dvc.lock, not publishing: " in published.stderr
     assert "stage prepare: out data/prepared modified" in published.stderr and "stage report" not in published.stderr
 
     # Restored from the cache, then a rerun of one stage without the report: the lineage is now stale.
     _run(root, "dvc", "checkout", "-f")
-    assert eagle3(root, "lineage", "--check").returncode == 0
+    assert eagle3(root, "report", "--check").returncode == 0
     # A fresh clone has the files but not the local cache: that is not a dirty workspace.
     shutil.rmtree(root / ".dvc/cache")
-    assert eagle3(root, "lineage", "--check").returncode == 0
+    assert eagle3(root, "report", "--check").returncode == 0
     (root / "prompts/tiny.jsonl").write_text((root / "prompts/tiny.jsonl").read_text().replace("number 3", "numbr 3"))
     _run(root, "dvc", "repro", "--single-item", "prepare")
-    problems = eagle3(root, "lineage", "--check", check=False).stdout.splitlines()
+    problems = eagle3(root, "report", "--check", check=False).stdout.splitlines()
     assert "stale: reports/lineage.json records stage prepare differently from dvc.lock" in problems
     assert any(line.startswith("dirty: stage export: dep data/prepared modified") for line in problems)
 
@@ -427,7 +427,7 @@ def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
     _run(root, "dvc", "repro")
     config = tmp_path / "outside/Kimi-K2.5/config.json"
     config.write_text(config.read_text().replace('"vocab_size": 64', '"vocab_size": 65'))
-    problems = eagle3(root, "lineage", "--check", check=False).stdout.splitlines()
+    problems = eagle3(root, "report", "--check", check=False).stdout.splitlines()
     assert [line.split(" is ")[0] for line in problems] == ["modified: verifier config_sha256"]
 
 
@@ -508,7 +508,7 @@ def test_no_secrets_or_local_paths_are_published(tmp_path):
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["report"]["draft_repo"] = f"example-org/{token}"
     write_params(root, params)
-    leaked = eagle3(root, "lineage", check=False, env={"HF_TOKEN": token})
+    leaked = eagle3(root, "report", check=False, env={"HF_TOKEN": token})
     assert (
         leaked.returncode == 2 and "would publish environment variable HF_TOKEN; nothing was written" in leaked.stderr
     )

@@ -136,9 +136,9 @@ def test_tool_settings_in_pyproject_leave_the_lock_current(tmp_path):
     root = _checkout(tmp_path)
     pyproject = root / "pyproject.toml"
     text = pyproject.read_text()
-    assert "timeout = 1200" in text and "line-length = 120" in text
+    assert "timeout = 1800" in text and "line-length = 120" in text
     pyproject.write_text(
-        text.replace("timeout = 1200", "timeout = 60").replace("line-length = 120", "line-length = 100")
+        text.replace("timeout = 1800", "timeout = 60").replace("line-length = 120", "line-length = 100")
         + "\n# a comment\n"
     )
     assert [locked.check(root / "locks" / lock.name) for lock in LOCKS.values()] == [None, None]

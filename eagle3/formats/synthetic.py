@@ -29,11 +29,11 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 import zstandard
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from eagle3.errors import Eagle3Error, field_problem
 from eagle3.files import read_json, write_bytes, write_json

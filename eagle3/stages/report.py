@@ -1,8 +1,7 @@
 """Stage `report` (last): the license gate, the lineage record and the model card (eagle3/publish/lineage.py).
 
 `eagle3 report` writes reports/lineage.{json,md} and models/draft/README.md; `eagle3 report --check` writes
-nothing and verifies a published record against the workspace. `eagle3 lineage` is the same command under
-its earlier name.
+nothing and verifies a published record against the workspace.
 """
 
 import argparse

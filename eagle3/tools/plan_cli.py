@@ -296,8 +296,8 @@ def _render_train_memory(console, plan: Plan) -> None:
     console.print(table)
 
 
-def main(args: argparse.Namespace) -> None:
-    plan = compute(inputs_from_args(args, Path.cwd()))
+def main(args: argparse.Namespace, root: Path) -> None:
+    plan = compute(inputs_from_args(args, root))
     if args.json:
         print(json.dumps(plan_json(plan), indent=2))
     else:

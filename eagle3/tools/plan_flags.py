@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--metrics",
-        default=EXTRACT_METRICS.as_posix(),
-        help=f"the extract stage's metrics (default {EXTRACT_METRICS.as_posix()})",
+        type=Path,
+        help=f"the extract stage's metrics (default: the project's {EXTRACT_METRICS.as_posix()})",
     )
     link = parser.add_argument_group("link between here and the rented machine")
     link.add_argument("--link-gbit", type=float, default=5.0, help="line rate, Gbit/s (default 5)")

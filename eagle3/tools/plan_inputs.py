@@ -13,7 +13,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.files import read_report_json
 from eagle3.formats.provenance import verifier_location
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
-from eagle3.paths import PROVENANCE
+from eagle3.paths import EXTRACT_METRICS, PROVENANCE
 from eagle3.tools.dvc_config import cache_option, usable_cache_link
 from eagle3.tools.plan_config import Configured
 from eagle3.tools.plan_config import apply as apply_configuration
@@ -84,7 +84,7 @@ def read_measurements(
 ) -> Measured:
     """The metrics are needed for the ratio unless --compression-ratio (or a preflight: `ratio_elsewhere`) gives it,
     and read for the rate here as long as they were measured on this verifier."""
-    metrics_path = root / args.metrics
+    metrics_path = args.metrics if args.metrics is not None else root / EXTRACT_METRICS
     measured_on = measured_verifier(root)
     same_verifier = measured_on == verifier.name
     given = args.compression_ratio is not None or ratio_elsewhere
@@ -127,8 +127,8 @@ def compression_ratio(
             ratio, storage, f"--compression-ratio (storage {storage})", storage_ratios(ratio, storage), False
         )
     ratio = float(metrics["compression_ratio"])
-    positive(f"{args.metrics}: compression_ratio", ratio)
-    source = f"{args.metrics}, measured with storage {measured_storage} on {measured.on}"
+    positive(f"{args.metrics or EXTRACT_METRICS}: compression_ratio", ratio)
+    source = f"{args.metrics or EXTRACT_METRICS}, measured with storage {measured_storage} on {measured.on}"
     if storage != measured_storage:
         factor = STORAGE_GAIN[storage] / STORAGE_GAIN[measured_storage]
         ratio *= factor
@@ -170,7 +170,8 @@ def here_extraction_rate(
     metrics = measured.metrics
     rate = (metrics.get("this_run") or {}).get("tokens_per_s") if measured.same_verifier and metrics else None
     if isinstance(rate, (int, float)) and rate > 0:
-        return float(rate), f"{args.metrics} this_run.tokens_per_s, measured here on {measured.verifier}"
+        shown = args.metrics or EXTRACT_METRICS
+        return float(rate), f"{shown} this_run.tokens_per_s, measured here on {measured.verifier}"
     elsewhere = f" (the measured rate is {measured.verifier}'s, not this verifier's)" if measured.verifier else ""
     return None, f"{_derived_words(here, args.mfu)} x share {args.here_share:g}{elsewhere}"
 
@@ -302,7 +303,7 @@ def _choose_verifier(args: argparse.Namespace, root: Path, configured: Configure
 
 def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     """Every input, each from the first place that has it, checked, with its source and the warnings."""
-    configured, configuration = apply_configuration(args, root / args.params)
+    configured, configuration = apply_configuration(args, args.params)
     if args.samples is None:
         raise Eagle3Error(
             "--samples: how many training samples to plan for (no params file, or its prepare.max_rows is null)"

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ def identity(context: Context) -> dict[str, Any]:
 def report(context: Context, names: tuple[str, ...], seconds: float) -> dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,
-        "made": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "made": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": context.figure("machine", "description"),
         "identity": identity(context),
         "seconds": round(seconds, 1),
@@ -131,7 +131,7 @@ def screen(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=PREFLIGHT_REPORT, help=f"JSON file (default {PREFLIGHT_REPORT})")
+    parser.add_argument("--out", type=Path, help=f"JSON file (default: the project's {PREFLIGHT_REPORT})")
     parser.add_argument("--only", nargs="+", choices=ITEMS, metavar="ITEM", help=f"only these: {', '.join(ITEMS)}")
     parser.add_argument(
         "--budget-scale",
@@ -152,7 +152,7 @@ def _check_writable(out: Path, given: Path) -> None:
         raise Eagle3Error(f"--out {given}: cannot write there ({exc.strerror}); name a writable file") from None
 
 
-def main(args: argparse.Namespace, root: Path = Path(".")) -> int:
+def main(args: argparse.Namespace, root: Path) -> int:
     """0 when every item is ready or does not apply here, 1 when one needs a fix or failed."""
     from eagle3.config import load_params
 
@@ -160,8 +160,8 @@ def main(args: argparse.Namespace, root: Path = Path(".")) -> int:
         raise Eagle3Error(f"--budget-scale must be > 0, got {args.budget_scale:g}")
     params = load_params(args.params)
     names = tuple(name for name in ITEMS if not args.only or name in args.only)
-    out = args.out if args.out.is_absolute() else root / args.out
-    _check_writable(out, args.out)  # before minutes of measuring, not after
+    out = args.out if args.out is not None else root / PREFLIGHT_REPORT
+    _check_writable(out, out)  # before minutes of measuring, not after
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="eagle3-preflight-") as scratch:
         context = Context(root.resolve(), params, Path(scratch), args.budget_scale)
@@ -171,6 +171,6 @@ def main(args: argparse.Namespace, root: Path = Path(".")) -> int:
     try:
         write_json(out, result)
     except OSError as exc:
-        raise Eagle3Error(f"--out {args.out}: cannot write ({exc.strerror}); name a writable file") from None
-    print(f"wrote {args.out}")
+        raise Eagle3Error(f"--out {out}: cannot write ({exc.strerror}); name a writable file") from None
+    print(f"wrote {out}")
     return 0 if all(item["status"] in ("ready", "not available") for item in result["items"].values()) else 1

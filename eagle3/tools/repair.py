@@ -236,8 +236,7 @@ def _repair(root: Path, file: TrackedFile, copies: Copies, store: Store) -> list
     return done
 
 
-def main(args: argparse.Namespace) -> int:
-    root = Path.cwd()
+def main(args: argparse.Namespace, root: Path) -> int:
     store = Store(root, args.remote, not args.no_remote)
     try:
         files = tracked_files(root, args.outputs, store)
