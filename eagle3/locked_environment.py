@@ -25,6 +25,7 @@ lists them. Standard library (and eagle3.hashing) only: `make setup` runs this m
 
 import argparse
 import json
+import os
 import platform
 import re
 import sys
@@ -154,11 +155,28 @@ def shared_pins(lock: Path) -> list[str]:
     return [f"{name}=={version}" for name, version in read_pins(lock).items() if name not in BUILD_SPECIFIC]
 
 
+def _installed_paths() -> list[str]:
+    """sys.path without the folders inside another entry's package: importing setuptools puts its own _vendor
+    folder (with dist-infos of the copies it carries, installed by no one) on sys.path, which would read as
+    unlocked packages."""
+    entries = [os.path.abspath(entry or ".") for entry in sys.path]
+
+    def vendored(entry: str) -> bool:
+        for other in entries:
+            if other != entry and entry.startswith(other.rstrip(os.sep) + os.sep):
+                package = os.path.relpath(entry, other).split(os.sep)[0]
+                if os.path.isfile(os.path.join(other, package, "__init__.py")):
+                    return True
+        return False
+
+    return [entry for entry in entries if not vendored(entry)]
+
+
 def installed() -> dict[str, str]:
     """{normalized name: version} of every distribution this interpreter sees, the first on sys.path where one is
     found twice (the one that imports)."""
     found: dict[str, str] = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=_installed_paths()):
         if dist.name:
             found.setdefault(normalize(dist.name), dist.version)
     return found

@@ -146,7 +146,7 @@ DVC_YAML = {
             "metrics": [{"metrics/eval.json": {"cache": False}}],
         },
         "report": {
-            "cmd": "python -m eagle3.cli lineage",
+            "cmd": "python -m eagle3.cli report",
             "deps": [
                 "tools",
                 "fixture",
@@ -203,7 +203,7 @@ def _tiny_verifier(directory: Path) -> Path:
         "num_hidden_layers": 6,
         "num_attention_heads": 2,
         "vocab_size": 64,
-        "max_position_embeddings": 128,
+        "max_position_embeddings": 32768,
     }
     (directory / "config.json").write_text(json.dumps(config))
     (directory / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
@@ -233,6 +233,7 @@ def _params(
             }
         ]
     }
+    params["vocab"] = {"draft_vocab_size": DRAFT_CONFIG["draft_vocab_size"]}  # within the tiny verifier's 64
     params["report"] = report or {}
     write_params(root, params)
 
@@ -355,10 +356,9 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     # The verifier's absolute path outside the project is reduced to its name everywhere.
     for text in (card, markdown, (root / "reports/lineage.json").read_text()):
         assert str(tmp_path) not in text
-    assert (
-        '"path": "<local>/Kimi-K2.5"' in markdown
-        and lineage["inputs"]["verifier"]["source"]["path"] == "<local>/Kimi-K2.5"
-    )
+    # The params still name where the weights were (redacted); the verifier's record is its content, no path.
+    assert '"path": "<local>/Kimi-K2.5"' in markdown and "path" not in lineage["inputs"]["verifier"]["source"]
+    assert lineage["inputs"]["verifier"]["source"]["kind"] == "local"
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status").stdout
     # The environment that made each recording artifact is in all three outputs; a record from another machine is
     # a warning on --check (rerunning there will not reproduce it), never a failure.

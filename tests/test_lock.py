@@ -319,3 +319,21 @@ def test_a_package_changed_by_hand_warns_in_one_line_and_report_check_lists_it(t
         for difference in ("handmade 1.0 (not locked)", f"transformers 5.20.0 (locked {locked_version})")
     ]
     assert checked.stderr.splitlines()[0] == warning
+
+
+def test_copies_a_package_vendors_are_not_installed_packages(tmp_path, monkeypatch):
+    """Importing setuptools puts setuptools/_vendor on sys.path, with the dist-infos of the copies it carries: the
+    environment check must not read them as unlocked packages (it did, in whichever process imported setuptools)."""
+    site = tmp_path / "site"
+    _hand_installed(site, "handmade", "1.0")
+    (site / "carrier").mkdir()
+    (site / "carrier" / "__init__.py").write_text("")
+    _hand_installed(site / "carrier" / "_vendor", "carried", "2.2.2")
+    # A project folder holding a venv is on sys.path too (the current directory): what is inside it still counts.
+    _hand_installed(tmp_path / "project" / ".venv" / "site", "inside-a-project", "1.0")
+    monkeypatch.setattr(
+        sys,
+        "path",
+        [str(site), str(site / "carrier" / "_vendor"), str(tmp_path / "project"), str(tmp_path / "project/.venv/site")],
+    )
+    assert locked.installed() == {"handmade": "1.0", "inside-a-project": "1.0"}
