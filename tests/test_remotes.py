@@ -364,3 +364,9 @@ def _corrupted_then_repaired(tmp_path, env, root, digests, storage, secrets):
     _verify_shards(verifying / "shards", digests)
     assert "Data and pipelines are up to date" in _run(verifying, env, "dvc", "status").stdout
     assert "0 repaired, 0 lost" in _repair(verifying, env, "shards").stderr
+    if storage.server is not None:  # a remote that does not answer: one line, not a transport's traceback
+        storage.server.kill()
+        unreachable = _repair(verifying, {**env, "AWS_MAX_ATTEMPTS": "1"}, "shards/shard-000.e3sh")
+        last = unreachable.stderr.strip().splitlines()[-1]
+        assert unreachable.returncode == 2 and "Traceback" not in unreachable.stderr, unreachable.stderr
+        assert last.startswith("eagle3 repair: error: shards/shard-000.e3sh: ") and "check remote 'store'" in last

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3.errors import Eagle3Error
+from eagle3.files import disk_full_message, is_disk_full
 from eagle3.progress import console, progress
 from eagle3.publish.dvc_graph import covers, load_pipeline, norm_path
 
@@ -150,16 +151,16 @@ class Store:
         self.remote.fs.put_file(str(source), self.remote.oid_to_path(md5))
 
     def check_out(self, md5: str, path: Path) -> None:
-        """The cache object at `path`, linked as the project's cache.type allows, else copied."""
+        """The cache object at `path`, linked as the project's cache.type says (in its order), else copied."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        types = self.repo.config["cache"].get("type") or ["copy"]
-        types = [types] if isinstance(types, str) else types
-        if "hardlink" in types:
+        types = self.repo.config["cache"].get("type") or ["reflink", "copy"]
+        link = {"hardlink": os.link, "symlink": os.symlink}
+        for kind in [types] if isinstance(types, str) else types:
             try:
-                os.link(self.cache_path(md5), path)
+                link.get(kind, shutil.copyfile)(self.cache_path(md5), path)
                 return
             except OSError:
-                pass
+                continue
         shutil.copyfile(self.cache_path(md5), path)
 
 
@@ -236,6 +237,14 @@ def _repair(root: Path, file: TrackedFile, copies: Copies, store: Store) -> list
     return done
 
 
+def _failure(file: TrackedFile, exc: Exception, remote: str | None) -> str:
+    if is_disk_full(exc):
+        return disk_full_message(Path(getattr(exc, "filename", None) or file.path))
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    where = f"; check remote {remote!r}'s address and credentials (.dvc/config.local)" if remote else ""
+    return f"{file.path}: {message}{where}; what was repaired before it stays repaired: run eagle3 repair again"
+
+
 def main(args: argparse.Namespace, root: Path) -> int:
     store = Store(root, args.remote, not args.no_remote)
     try:
@@ -246,8 +255,13 @@ def main(args: argparse.Namespace, root: Path) -> int:
         with progress() as bar:
             task = bar.add_task(f"repair: checking {where}", total=len(files))
             for file in files:
-                copies = _inspect(root, file, store)
-                done = _repair(root, file, copies, store)
+                try:
+                    copies = _inspect(root, file, store)
+                    done = _repair(root, file, copies, store)
+                except Eagle3Error:
+                    raise
+                except Exception as exc:  # any transport's or filesystem's failure: what, where, and rerun
+                    raise Eagle3Error(_failure(file, exc, store.remote_name)) from None
                 if done:
                     repaired += 1
                     bar.console.print(f"{file.path}: {'; '.join(done)}")
