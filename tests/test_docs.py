@@ -2,6 +2,7 @@
 docs/ is one vLLM's own parser accepts, and every one that serves the hero run's verifier names the model, ports,
 parallelism, parsers and speculation that the shipped hero configuration's stages ask for."""
 
+import json
 import re
 import shlex
 from functools import cache
@@ -102,3 +103,20 @@ def test_a_command_that_disagrees_is_caught():
             test_every_documented_vllm_serve_agrees_with_the_shipped_configuration("docs/hero-run.md", words)
     with pytest.raises(AssertionError, match="vLLM's parser refuses it"):
         parse(["/models/Kimi-K2.5", "--served-model-nam", "kimi"])
+
+
+def test_the_readme_quotes_the_committed_headline():
+    """The README's sample of `metrics/eval.json` is the committed file's headline, so a re-run that moves a figure
+    cannot leave the README behind."""
+    readme = (REPO / "README.md").read_text()
+    quoted = re.search(r"^## Your results$.*?```json\n(.*?)```", readme, flags=re.S | re.M)
+    assert quoted, "README.md: no json block under '## Your results'"
+    assert json.loads(quoted.group(1)) == json.loads((REPO / "metrics/eval.json").read_text())["headline"]
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    readme = (REPO / "README.md").read_text()
+    pages = [
+        p.relative_to(REPO).as_posix() for p in [*sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks/README.md"]
+    ]
+    assert [page for page in pages if f"]({page})" not in readme] == []

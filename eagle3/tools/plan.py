@@ -11,8 +11,8 @@ the buffer train.stream_buffer_gb as its only disk for states).
 
 Not a DVC stage: it reads CLI flags (eagle3/tools/plan_flags.py), params.yaml and, where present, the extract stage's
 metrics.
-Every number comes from one of the formulas below (the training memory's: eagle3/tools/plan_memory.py); README.md
-("Planning the hero run") walks through the seed case.
+Every number comes from one of the formulas below (the training memory's: eagle3/tools/plan_memory.py);
+docs/planning.md walks through the seed case.
 Each section below is a function here building a frozen dataclass whose fields are the plan's JSON keys (to_json in
 eagle3/tools/plan_types.py, with the fixed facts and the inputs' types).
 

@@ -199,7 +199,7 @@ class CacheLink:
 
 def check_cache_link(args: argparse.Namespace, root: Path) -> CacheLink:
     """--cache-link, else what DVC will make of this project's cache.type where its outputs lie now (a hardlink
-    cannot reach an output on another filesystem than the cache), else the README's hardlink."""
+    cannot reach an output on another filesystem than the cache), else the hardlink docs/remotes.md sets up."""
     if args.cache_link is not None:
         return CacheLink(args.cache_link, "--cache-link", assumed=False)
     configured = cache_option(root, "type")
@@ -208,7 +208,7 @@ def check_cache_link(args: argparse.Namespace, root: Path) -> CacheLink:
         link, why = usable_cache_link(root, types)
         source = f"this project's DVC config (cache.type {configured})" + (f": {why}" if why else "")
         return CacheLink(link, source, assumed=False)
-    return CacheLink("hardlink", "assumed: the README's `cache.type hardlink,symlink`", assumed=True)
+    return CacheLink("hardlink", "assumed: docs/remotes.md's `cache.type hardlink,symlink`", assumed=True)
 
 
 @dataclass(frozen=True)
@@ -252,8 +252,8 @@ def collect_warnings(
     if compression.measured_elsewhere:
         warnings.append(
             f"the compression ratio {compression.ratio:g} was measured on {measured.on}'s states, not "
-            f"{verifier.name}'s; split-byte zstd of bf16 states should carry over (README), but measure it on a few "
-            "real samples and pass --compression-ratio"
+            f"{verifier.name}'s; split-byte zstd of bf16 states should carry over (docs/pipeline.md, extract), but "
+            "measure it on a few real samples and pass --compression-ratio"
         )
     long_sample = memory_warning(train_memory, max_tokens, recompute)
     if long_sample is not None:

@@ -132,8 +132,8 @@ class TrainMeasurement:
     ttt_steps: int
 
 
-# This project's draft trainer at Kimi-K2.5's shape on one GPU, bf16 autocast, fused AdamW, batch 1 (README "GPU
-# measurements"), measured before its attention became linear in T (its memory: eagle3/tools/plan_memory.py).
+# This project's draft trainer at Kimi-K2.5's shape on one GPU, bf16 autocast, fused AdamW, batch 1
+# (benchmarks/train_gpu.py), measured before its attention became linear in T (its memory: eagle3/tools/plan_memory.py).
 TRAIN_MEASURED = TrainMeasurement("h200", 7134.0, 2048, 7)
 
 

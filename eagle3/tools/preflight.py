@@ -3,7 +3,7 @@
 A tool, not a DVC stage: it reads params.yaml and the verifier stage's output, writes one JSON file
 (`--out`, default reports/preflight.json, which no stage writes) and one screen of text, and touches no pipeline
 output (its scratch files live in a temporary directory). Each item measures one thing within its own time budget
-(`BUDGETS_S` in eagle3/tools/preflight_items.py; on an 8-GPU machine the README states what each costs there)
+(`BUDGETS_S` in eagle3/tools/preflight_items.py; on an 8-GPU machine docs/preflight.md states what each costs there)
 and ends in a verdict: `ready`, `fix` (what to change, in one line), `failed` (the measurement itself broke: its
 one-line error) or `not available` (does not apply here, e.g. vLLM not installed). A failure in one item is
 reported and the others still run.
