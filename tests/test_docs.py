@@ -120,3 +120,16 @@ def test_every_docs_page_is_linked_from_the_readme():
         p.relative_to(REPO).as_posix() for p in [*sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks/README.md"]
     ]
     assert [page for page in pages if f"]({page})" not in readme] == []
+
+
+def test_the_params_reference_lists_every_key_as_the_models_define_it():
+    """docs/configuration.md's table is what eagle3/params/reference.py generates from the pydantic models: a key
+    added, removed, re-defaulted or re-commented without `python -m eagle3.params.reference --write` fails here."""
+    from eagle3.params import reference
+
+    documented = reference.current(reference.DOC.read_text())
+    assert documented is not None, f"{reference.DOC}: no generated params reference"
+    assert documented == reference.render()
+    keys = {row[0] for row in reference.rows(Params)}
+    expected = {"train.ttt_steps", "extract.max_seq_len", "evaluate.servers", "prepare.sources[]{kind: hf}.revision"}
+    assert expected <= keys
