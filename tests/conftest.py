@@ -51,6 +51,43 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedProjectScheduling(config, log)
 
 
+# A `vllm serve` process binds its OpenMP threads to cores and spin-waits on them. Beside a training subprocess on
+# the other worker, the smoke draft's served measurement took 19 minutes instead of 2 on 2 cores. Tests marked
+# `cpu_to_itself` therefore run while no other test runs: every test holds a shared lock on one file for the
+# whole of its run (fixture setup included), these hold it exclusively. A turnstile lock keeps the tests that wait
+# for the exclusive lock from being passed by ever-new shared holders.
+CPU_LOCK_VARIABLE = "EAGLE3_TEST_CPU_LOCK"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_to_itself: runs while no other test of the session runs (see conftest)")
+    if not hasattr(config, "workerinput") and CPU_LOCK_VARIABLE not in os.environ:
+        # Set before pytest-xdist starts its workers, which inherit it; the controller removes it at the end.
+        import tempfile
+
+        directory = tempfile.mkdtemp(prefix="eagle3-test-cpu-")
+        os.environ[CPU_LOCK_VARIABLE] = directory
+        config.add_cleanup(lambda: (shutil.rmtree(directory, ignore_errors=True), os.environ.pop(CPU_LOCK_VARIABLE)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import fcntl
+
+    directory = Path(os.environ[CPU_LOCK_VARIABLE])
+    exclusive = item.get_closest_marker("cpu_to_itself") is not None
+    with open(directory / "turnstile", "a") as turnstile, open(directory / "cpu", "a") as cpu:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(cpu, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if not exclusive:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(cpu, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
 def ran_stages(output: str, root: Path, expected: set[str]) -> None:
     """DVC ran exactly `expected` (its "Running stage" lines), each after every stage it depends on that also ran.
 

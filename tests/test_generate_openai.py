@@ -180,6 +180,7 @@ def _serve(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
     return vllm_serve(model_dir, port, log, "--gpu-memory-utilization", "0.3", "--dtype", resolve("auto", "cpu"))
 
 
+@pytest.mark.cpu_to_itself
 def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path):
     port, log = _free_port(), tmp_path / "serve.log"
     url = f"http://127.0.0.1:{port}/v1"

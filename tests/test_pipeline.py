@@ -115,6 +115,7 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path_factory, reproduced):
     reproduced["root"] = root
 
 
+@pytest.mark.cpu_to_itself
 def test_running_servers_measure_what_the_engines_do(reproduced, tmp_path):
     """The same draft measured on running `vllm serve` endpoints; the project is left as it was."""
     if "root" not in reproduced:
