@@ -1,7 +1,7 @@
 """The execution environment a stage ran in: what its outputs' bytes depend on beyond code, params and inputs.
 
 Generation and extraction are deterministic for one machine and one software stack, not across them: bf16
-kernels differ between CPUs, GPUs, drivers and library versions (README "Reproducibility"). So every stage that
+kernels differ between CPUs, GPUs, drivers and library versions (docs/reproducibility.md). So every stage that
 runs a model records, beside what it made, the environment that made it: package versions of everything that
 computes, the accelerator or CPU and how many (for a CPU also its ISA level, whether it computes bf16 natively
 and the flags that decide it), CUDA and driver versions, the compute dtype the stage resolved, threads,

@@ -9,6 +9,7 @@ does not train or run vLLM. (Longer than most modules: the project it builds ser
 report, and apart they would each build their own.)
 """
 
+import copy
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from safetensors.numpy import save_file
 
 from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
+from eagle3.formats.eval_metrics import EvalMetrics, read_eval_metrics
 from eagle3.hashing import sha256_file
 from eagle3.publish import licenses, model_card
 from eagle3.publish.dvc_graph import require_report_covers
@@ -64,46 +66,67 @@ DRAFT_CONFIG = {
     "draft_vocab_size": 32,
     "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True},
 }
+
+
+def _eval_run(method: str, k: int | None, tokens_per_step: float, length: float | None, by_position: list[float], rate):
+    """A held-out run as metrics/eval.json records it (eagle3/formats/eval_metrics.py): 100 tokens, 2 prompts."""
+    steps = round(100 / tokens_per_step)
+    return {
+        "method": method,
+        "k": k,
+        "temperature": 0.0,
+        "prompts": 2,
+        "completions": 2,
+        "output_tokens": 100,
+        "accepted_tokens": 100 - steps,
+        "verifier_steps": steps,
+        "num_drafts": steps if k else 0,
+        "num_draft_tokens": steps * k if k else 0,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_step_ci95": None,
+        "mean_acceptance_length": length,
+        "mean_acceptance_length_ci95": None,
+        "acceptance_by_position": by_position,
+        "lossless_identical": None if method == "none" else 2,
+        "all_sets_output_tokens": 100,
+        "output_tokens_per_s": rate,
+        "seconds": round(100 / rate, 3),
+    }
+
+
 EVAL = {
     "runs": [
-        {
-            "method": "none",
-            "k": None,
-            "temperature": 0.0,
-            "prompts": 2,
-            "output_tokens": 100,
-            "tokens_per_step": 1.0,
-            "mean_acceptance_length": None,
-            "acceptance_by_position": [],
-            "output_tokens_per_s": 50.0,
-            "lossless_identical": None,
-        },
-        {
-            "method": "ngram",
-            "k": 3,
-            "temperature": 0.0,
-            "prompts": 2,
-            "output_tokens": 100,
-            "tokens_per_step": 1.27,
-            "mean_acceptance_length": 1.9,
-            "acceptance_by_position": [0.3, 0.2, 0.1],
-            "output_tokens_per_s": 45.0,
-            "lossless_identical": 2,
-        },
-        {
-            "method": "eagle3",
-            "k": 3,
-            "temperature": 0.0,
-            "prompts": 2,
-            "output_tokens": 100,
-            "tokens_per_step": 1.84,
-            "mean_acceptance_length": 2.1,
-            "acceptance_by_position": [0.6, 0.4, 0.2],
-            "output_tokens_per_s": 40.0,
-            "lossless_identical": 2,
-        },
+        _eval_run("none", None, 1.0, None, [], 50.0),
+        _eval_run("ngram", 3, 1.27, 1.9, [0.3, 0.2, 0.1], 45.0),
+        _eval_run("eagle3", 3, 1.84, 2.1, [0.6, 0.4, 0.2], 40.0),
     ],
-    "headline": {"k": 3, "tokens_per_step_greedy": 1.84, "ngram_tokens_per_step_greedy": 1.27},
+    "headline": {
+        "k": 3,
+        "tokens_per_step_greedy": 1.84,
+        "ngram_tokens_per_step_greedy": 1.27,
+        "lossless_greedy": "2/2",
+        "benchmarks": {},
+    },
+    "lossless": {"identical": 2, "prompts": 2, "rate": 1.0, "exact_expected": True, "dtype": "float32"},
+    "offline_estimate": {
+        "k": 3,
+        "heldout_tokens_read": 200,
+        "device": "cpu float32",
+        "positions": 120,
+        "drafts": 60,
+        "tokens_per_step": 1.9,
+        "mean_acceptance_length": 2.0,
+        "acceptance_by_position": [0.6, 0.3, 0.1],
+        "top1_agreement_by_position": [0.6, 0.5, 0.4],
+        "vllm_tokens_per_step": 1.84,
+        "gap": 0.06,
+    },
+    "mla": None,
+    "benchmarks": {},
+    "later_turns_follow": "none",
+    "prompts": {"split": "heldout", "count": 2, "prompt_hashes": ["a" * 64, "b" * 64]},
+    "max_tokens": 64,
+    "repaired_vllm_temperature_expansion": False,
     # As the evaluate stage records it (eagle3/environment.py), from a machine unlike any that runs this test.
     "environment": {
         "python": "3.10.1",
@@ -114,6 +137,7 @@ EVAL = {
         "switches": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
         "accelerator": {"kind": "cpu"},
     },
+    "seconds": 7.5,
 }
 DVC_YAML = {
     "stages": {
@@ -583,7 +607,7 @@ def test_card_metadata_pins_hub_datasets_by_revision():
         },
         "licenses": {"draft": "apache-2.0"},
     }
-    meta = yaml.safe_load(yaml.safe_dump(model_card.metadata(lineage, EVAL, "x/y")))
+    meta = yaml.safe_load(yaml.safe_dump(model_card.metadata(lineage, EvalMetrics.model_validate(EVAL), "x/y")))
     assert meta["datasets"] == ["mlabonne/open-perfectblend"]
     assert meta["training_data"][0] == {
         "name": "blend",
@@ -626,20 +650,39 @@ def test_report_params_errors_name_the_key(tmp_path, report, message):
 
 
 @pytest.mark.parametrize(
-    ("ngram", "accepted"),
-    [(1.27, True), (None, True), ("1.27", False), ("missing", False)],
+    ("edit", "problem"),
+    [
+        (lambda m: m["headline"].update(ngram_tokens_per_step_greedy=None), None),  # n-gram not measured
+        (
+            lambda m: m["headline"].update(ngram_tokens_per_step_greedy="1.27"),
+            "headline.ngram_tokens_per_step_greedy: ",
+        ),
+        (lambda m: m["headline"].pop("ngram_tokens_per_step_greedy"), "headline.ngram_tokens_per_step_greedy: Field"),
+        (lambda m: m["runs"][2].update(tokens_per_step_ci95=[1.5]), "runs.2.tokens_per_step_ci95: List should have"),
+        (lambda m: m["runs"][0].update(method="medusa"), "runs.0.method: Input should be 'none', 'eagle3' or"),
+        (lambda m: m["lossless"].update(agreement=1.0), "lossless.agreement: Extra inputs are not permitted"),
+        (lambda m: m["runs"].pop(2), "runs: no greedy eagle3 run at k=3"),
+        (lambda m: m.update(later_turns_follow="the dataset's"), "later_turns_follow: Input should be"),
+    ],
 )
-def test_headline_ngram_may_be_null_but_nothing_else(tmp_path, ngram, accepted):
-    from eagle3.errors import Eagle3Error
-    from eagle3.publish.lineage import read_evaluation
-
-    headline = {"k": 3, "tokens_per_step_greedy": 1.84}
-    if ngram != "missing":
-        headline["ngram_tokens_per_step_greedy"] = ngram
+def test_eval_metrics_are_read_through_their_format(tmp_path, edit, problem):
+    """metrics/eval.json is read back through eagle3/formats/eval_metrics.py: what evaluate writes reads back
+    equal; a wrong or missing key is one error naming it."""
+    metrics = copy.deepcopy(EVAL)
+    edit(metrics)
     (tmp_path / "metrics").mkdir()
-    (tmp_path / "metrics/eval.json").write_text(json.dumps({**EVAL, "headline": headline}))
-    if accepted:
-        assert read_evaluation(tmp_path)["headline"] == headline
+    (tmp_path / "metrics/eval.json").write_text(json.dumps(metrics))
+    if problem is None:
+        assert read_eval_metrics(tmp_path).as_json() == metrics
     else:
-        with pytest.raises(Eagle3Error, match="headline.ngram_tokens_per_step_greedy: missing or not a number"):
-            read_evaluation(tmp_path)
+        with pytest.raises(Eagle3Error, match=re.escape(f"metrics/eval.json: {problem}")):
+            read_eval_metrics(tmp_path)
+
+
+def test_eval_metrics_with_nan_or_missing_are_one_error(tmp_path):
+    with pytest.raises(Eagle3Error, match=r"metrics/eval.json: missing; a draft is not published without"):
+        read_eval_metrics(tmp_path)
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics/eval.json").write_text(json.dumps(EVAL).replace("1.84", "NaN", 1))
+    with pytest.raises(Eagle3Error, match=r"NaN is not a number a figure may be"):
+        read_eval_metrics(tmp_path)

@@ -73,8 +73,8 @@ def start_engine(
         if "language_model_only" in extra and on_cpu_build():
             hint = (
                 "; vLLM's CPU build cannot start a multimodal wrapper (text_config) with the engine core in-process, "
-                "as these stages run it (its CPU platform's triton kernel overrides fail; README \"Hero run on "
-                'Kimi-K2.5"): on CPU rehearse with the plain text checkpoint; GPUs do not take that path'
+                "as these stages run it (its CPU platform's triton kernel overrides fail; docs/troubleshooting.md): "
+                "on CPU rehearse with the plain text checkpoint; GPUs do not take that path"
             )
         raise Eagle3Error(f"{who}: vLLM could not start {model_dir}: {type(exc).__name__}: {message}{hint}") from None
 

@@ -41,7 +41,7 @@ class ExtractParams(Section):
     # Batches run shortest first within a shard and are written back in plan order: up to one shard's raw
     # states wait in memory.
     shard_raw_mb: PositiveInt = 1024
-    # How hidden states are stored (eagle3/formats/shards.py; README "extract" has the measured trade-off):
+    # How hidden states are stored (eagle3/formats/shards.py; docs/pipeline.md "extract" has the trade-off):
     # bf16-lossless (byte planes, zstd); 8-bit floats with a scale per token, per role (the aux layers are
     # the draft's input, the final layer defines its targets): fp8-aux (aux e4m3, final lossless), fp8 (both
     # e4m3), fp8-compact (aux e5m2, final e4m3). Training reads bf16 whatever is stored.

@@ -96,14 +96,14 @@ class TrainParams(Section):
     # streamed: null, the verifier runs beside the trainer all along (size it with extract.vllm's
     # gpu_memory_utilization); N, it computes N steps' states, sleeps (vLLM's sleep mode; the hf backend moves
     # its weights to the host) while the trainer trains on them, and wakes for the next N: for GPUs that cannot
-    # hold both at once (README "Streamed hidden states").
+    # hold both at once (docs/pipeline.md "Streamed hidden states").
     stream_phase_steps: PositiveInt | None = execution_only(None)
     # bfloat16: autocast (weights and optimizer state stay fp32); auto: bfloat16 where the training device
     # computes it natively, else float32 (eagle3/precision.py). The resolved value is part of the run key.
     precision: TrainPrecision = "auto"
     # What the backward recomputes instead of keeping (same gradients either way): off; mlp, each TTT step's MLP
     # (its largest activations, for a fraction of a step's compute); full, each whole TTT step (about a third
-    # more compute, the least memory). README "Training memory" has the estimates per setting.
+    # more compute, the least memory). docs/pipeline.md "Training memory" has the estimates per setting.
     activation_checkpointing: ActivationCheckpointing = execution_only("off")
     # Several processes: ddp replicates the draft's weights, gradients and AdamW state on each; fsdp (PyTorch's
     # FSDP2) splits them over the processes, gathering the weights for each step. Same model either way.

@@ -76,7 +76,7 @@ def param_keys(items: Iterable[Any] | None) -> dict[str, list[str] | None]:
 def require_report_covers(definitions: dict[str, dict]) -> None:
     """The report must depend on every other stage's deps, outs and params, or it would go stale silently."""
     if REPORT_STAGE not in definitions:
-        raise Eagle3Error(f"dvc.yaml: no `{REPORT_STAGE}` stage; the lineage is made by that stage (see README)")
+        raise Eagle3Error(f"dvc.yaml: no `{REPORT_STAGE}` stage; the lineage is made by that stage (docs/pipeline.md)")
     report = definitions[REPORT_STAGE]
     report_deps = entry_paths(report.get("deps"))
     report_params = param_keys(report.get("params"))

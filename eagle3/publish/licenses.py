@@ -6,7 +6,7 @@ datasets. So every input's license must allow redistributing weights derived
 from it. Licenses are named by SPDX-like ids as the Hugging Face Hub spells
 them (lower case: `apache-2.0`, `cc-by-nc-4.0`, `llama3.1`).
 
-Classes (the table below; README "Publishing" repeats it for users):
+Classes (the table below; docs/publishing.md "Licenses" says it for users):
 
 - permissive: redistribution of derived weights is allowed, at most with
   attribution, which the model card gives (every input, its license, its

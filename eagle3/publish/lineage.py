@@ -31,6 +31,7 @@ from eagle3.environment import capture, differences, read_environments
 from eagle3.errors import Eagle3Error
 from eagle3.files import dumps, read_json, write_text
 from eagle3.formats.benchmarks import read_benchmarks
+from eagle3.formats.eval_metrics import read_eval_metrics
 from eagle3.formats.prepared import read_card
 from eagle3.formats.provenance import (
     describe_model_dir,
@@ -151,30 +152,6 @@ def licensed_inputs(inputs: dict[str, Any]) -> list[licenses.LicensedInput]:
     return items
 
 
-def read_evaluation(root: Path) -> dict[str, Any]:
-    """metrics/eval.json, checked enough that the card can show it: a card without evaluation is not published."""
-    path = root / EVAL_METRICS
-    if not path.is_file():
-        raise Eagle3Error(
-            f"{EVAL_METRICS.as_posix()}: missing; a draft is not published without evaluation metrics: run the "
-            "evaluate "
-            "stage (`dvc repro`) first"
-        )
-    evaluation = read_json(path, "")
-    runs = evaluation.get("runs") if isinstance(evaluation, dict) else None
-    if not isinstance(runs, list) or not any(isinstance(run, dict) and run.get("method") == "eagle3" for run in runs):
-        raise Eagle3Error(f"{EVAL_METRICS.as_posix()}: runs: no eagle3 run to report; rerun the evaluate stage")
-    headline = evaluation.get("headline")
-    # The n-gram baseline may be null (not measured: a GPU user may run only the draft), never anything else.
-    for key, nullable in (("k", False), ("tokens_per_step_greedy", False), ("ngram_tokens_per_step_greedy", True)):
-        value = headline.get(key, "missing") if isinstance(headline, dict) else "missing"
-        if not isinstance(value, (int, float)) and not (nullable and value is None):
-            raise Eagle3Error(
-                f"{EVAL_METRICS.as_posix()}: headline.{key}: missing or not a number; rerun the evaluate stage"
-            )
-    return evaluation
-
-
 def read_draft_config(root: Path) -> dict[str, Any]:
     path = root / DRAFT_DIR / "config.json"
     config = read_json(path, "a card needs the exported draft: run the export stage (`dvc repro`) first")
@@ -205,7 +182,7 @@ def publish(config: ReportParams, export: ExportParams, root: Path) -> None:
     inputs = redact(external_inputs(root, config.sub_source_licenses), root)
     candidates = licensed_inputs(inputs)
     decisions = licenses.gate(candidates, config.license_overrides)
-    evaluation = read_evaluation(root)
+    evaluation = read_eval_metrics(root)
     draft_config = read_draft_config(root)
 
     draft_license = licenses.normalize(config.license or inputs["verifier"].get("license"))
@@ -230,7 +207,7 @@ def publish(config: ReportParams, export: ExportParams, root: Path) -> None:
             "decisions": decisions,
             "unused_overrides": licenses.unused_overrides(candidates, config.license_overrides),
         },
-        "evaluation": {"path": EVAL_METRICS.as_posix(), "headline": evaluation["headline"]},
+        "evaluation": {"path": EVAL_METRICS.as_posix(), "headline": evaluation.headline.model_dump(mode="json")},
         "training_states": training_states(root, records),
         "environments": redact(artifact_environments(root, graph["artifacts"]), root),
     }
@@ -244,15 +221,14 @@ def publish(config: ReportParams, export: ExportParams, root: Path) -> None:
     check_publishable(outputs, root)
     for name, text in outputs.items():
         write_text(root / name, text)
-    headline = evaluation["headline"]
+    headline = evaluation.headline
     step(
         f"lineage: {len(graph['artifacts'])} artifacts from {len(records)} stages, {len(decisions)} licensed inputs "
         f"({sum(1 for d in decisions if d['override_reason'])} by override); card: "
-        f"{headline['tokens_per_step_greedy']:.2f} "
-        f"tokens/step at k={headline['k']}"
+        f"{headline.tokens_per_step_greedy:.2f} tokens/step at k={headline.k}"
         + (
-            f" vs ngram {headline['ngram_tokens_per_step_greedy']:.2f}"
-            if headline["ngram_tokens_per_step_greedy"] is not None
+            f" vs ngram {headline.ngram_tokens_per_step_greedy:.2f}"
+            if headline.ngram_tokens_per_step_greedy is not None
             else ""
         )
         + " -> "
@@ -353,7 +329,7 @@ def artifact_environments(root: Path, artifacts: dict[str, Any]) -> dict[str, li
 
 def environment_warnings(recorded: dict[str, Any]) -> list[str]:
     """Artifacts made on another machine or software stack than this one: rerunning their stage here will not
-    reproduce their bytes (README "Reproducibility"); then every way this environment differs from its lock
+    reproduce their bytes (docs/reproducibility.md); then every way this environment differs from its lock
     (eagle3/locked_environment.py): what a stage makes here is made off-lock. Warnings, not problems: the record
     itself is intact."""
     warnings = []

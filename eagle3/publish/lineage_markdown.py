@@ -124,7 +124,7 @@ def lineage_inputs(lineage: dict[str, Any], stage: str) -> list[dict[str, Any]]:
 
 
 def environments_section(lineage: dict[str, Any]) -> list[str]:
-    """Which software and hardware made each artifact that records it (README "Reproducibility")."""
+    """Which software and hardware made each artifact that records it (docs/reproducibility.md)."""
     environments = lineage.get("environments") or {}
     out = ["", "## Environments", ""]
     if not environments:

@@ -44,6 +44,7 @@ from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.benchmarks import read_benchmarks
+from eagle3.formats.eval_metrics import EvalMetrics
 from eagle3.formats.hf_config import read_config, text_config, uses_mla
 from eagle3.formats.prepared import read_rows
 from eagle3.formats.provenance import Provenance, read_provenance, verifier_dir
@@ -226,40 +227,37 @@ def run(params: Params, root: Path, options=None) -> None:
         "lossless_greedy": f"{identical}/{prompts}" if identical is not None else None,
         "benchmarks": {name: _headline(entry["results"], k) for name, entry in by_set.items()},
     }
-    metrics = {
-        "headline": headline,
-        "lossless": {
-            "identical": identical,
-            "prompts": prompts,
-            "rate": round(identical / prompts, 4) if identical is not None else None,
-            # Exact only in float32 in-process: in bf16 (and on servers, which batch and usually run bf16),
-            # verifying k+1 tokens at once rounds differently from decoding one, so near-tied tokens flip and the
-            # rate is a measured agreement.
-            "exact_expected": measurer.dtype == "float32",
-            "dtype": measurer.dtype,
-        },
-        "offline_estimate": {
-            **offline,
-            "vllm_tokens_per_step": headline["tokens_per_step_greedy"],
-            "gap": round(offline["tokens_per_step"] - headline["tokens_per_step_greedy"], 4),
-        },
-        # An MLA verifier's attention in vLLM (mla_in_vllm); null: not an MLA verifier, or measured on servers.
-        "mla": measurer.mla,
-        "runs": runs,
-        "benchmarks": by_set,
-        # What the later turns of multi-turn sets followed: the verifier's own greedy answers (the none run), or,
-        # without a none run, each configuration's own greedy answers.
-        "later_turns_follow": "none" if ("none", None) in configurations else "each configuration's own",
-        "prompts": {"split": "heldout", "count": prompts, "prompt_hashes": [c["id"] for c in heldout.conversations]},
-        "max_tokens": config.max_tokens,
-        # True where this vLLM build needed eagle3/engines/speculative.py's fix for sampled (temperature > 0) runs.
-        "repaired_vllm_temperature_expansion": measurer.repaired,
-        # What computed the figures (eagle3/environment.py; for servers, what each reported): README
-        # "Reproducibility".
-        "environment": measurer.environment,
-        "seconds": round(time.monotonic() - started, 1),
-    }
-    write_json(root / EVAL_METRICS, metrics)
+    metrics = EvalMetrics.model_validate(
+        {
+            "headline": headline,
+            "lossless": {
+                "identical": identical,
+                "prompts": prompts,
+                "rate": round(identical / prompts, 4) if identical is not None else None,
+                "exact_expected": measurer.dtype == "float32",
+                "dtype": measurer.dtype,
+            },
+            "offline_estimate": {
+                **offline,
+                "vllm_tokens_per_step": headline["tokens_per_step_greedy"],
+                "gap": round(offline["tokens_per_step"] - headline["tokens_per_step_greedy"], 4),
+            },
+            "mla": measurer.mla,
+            "runs": runs,
+            "benchmarks": by_set,
+            "later_turns_follow": "none" if ("none", None) in configurations else "each configuration's own",
+            "prompts": {
+                "split": "heldout",
+                "count": prompts,
+                "prompt_hashes": [c["id"] for c in heldout.conversations],
+            },
+            "max_tokens": config.max_tokens,
+            "repaired_vllm_temperature_expansion": measurer.repaired,
+            "environment": measurer.environment,
+            "seconds": round(time.monotonic() - started, 1),
+        }
+    )
+    write_json(root / EVAL_METRICS, metrics.as_json())
     write_plots(root, runs, config)
     write_benchmark_plots(root, results_by_set(runs, by_set), k)
     ngram_words = f" vs {headline['ngram_tokens_per_step_greedy']} with ngram" if ngram_greedy else ""

@@ -1,0 +1,175 @@
+"""metrics/eval.json: what the evaluate stage measured, the project's main result.
+
+The evaluate stage writes it through `EvalMetrics` and every reader (the lineage report, the model card) reads it
+back through `read_eval_metrics`, so a file another version wrote, or one edited by hand, fails in one line naming
+the key rather than somewhere inside the card. Figures are rounded to 4 digits where they are ratios.
+
+Tokens per verifier step = output tokens / (output tokens - accepted tokens): a step on which a method proposed
+nothing counts as one token, so methods compare fairly; vLLM's mean acceptance length averages over drafting
+steps only and counts the verifier's bonus token, as published drafts quote it.
+"""
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
+
+from eagle3.errors import Eagle3Error
+from eagle3.files import read_report_json
+from eagle3.paths import EVAL_METRICS
+
+# 95% interval, [low, high].
+Interval = Annotated[list[float], Field(min_length=2, max_length=2)]
+
+
+class _Record(BaseModel):
+    # Strict: a figure written as a string ("1.27") is an error, not a number.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Figures(_Record):
+    """One configuration's figures over one prompt set, in one sampling run."""
+
+    method: Literal["none", "eagle3", "ngram"]
+    # Draft tokens per step (chain drafting); null for the run without speculation.
+    k: int | None
+    temperature: float
+    prompts: NonNegativeInt
+    # Turns answered: a multi-turn prompt counts each of its turns.
+    completions: NonNegativeInt
+    output_tokens: NonNegativeInt
+    accepted_tokens: NonNegativeInt
+    verifier_steps: NonNegativeInt
+    num_drafts: NonNegativeInt
+    num_draft_tokens: NonNegativeInt
+    tokens_per_step: float
+    # Seeded bootstrap over the set's prompts; null where too few prompts or nothing drafted.
+    tokens_per_step_ci95: Interval | None
+    mean_acceptance_length: float | None
+    mean_acceptance_length_ci95: Interval | None
+    # Share of drafting steps whose i-th drafted token was accepted, i = 0 .. k-1.
+    acceptance_by_position: list[float]
+    # Completions identical to the run without speculation (same prompts, greedy); null where not compared.
+    lossless_identical: NonNegativeInt | None
+
+
+class Run(Figures):
+    """A held-out `runs` entry: its figures, and the configuration's whole run over every set (they share
+    batches)."""
+
+    all_sets_output_tokens: NonNegativeInt
+    output_tokens_per_s: float | None
+    seconds: float
+
+
+class BenchmarkHeadline(_Record):
+    tokens_per_step: float | None
+    mean_acceptance_length: float | None
+    mean_acceptance_length_ci95: Interval | None
+    ngram_tokens_per_step: float | None
+
+
+class Headline(_Record):
+    """What the README and the model card quote: the held-out set at the headline k, greedy."""
+
+    k: int
+    tokens_per_step_greedy: float
+    # null: vLLM's n-gram baseline was not measured.
+    ngram_tokens_per_step_greedy: float | None
+    # "identical/prompts"; null without a run without speculation to compare with.
+    lossless_greedy: str | None
+    benchmarks: dict[str, BenchmarkHeadline]
+
+
+class Lossless(_Record):
+    identical: NonNegativeInt | None
+    prompts: NonNegativeInt
+    rate: float | None
+    # Exact only in float32 in-process: in bf16 (and on servers, which batch and usually run bf16), verifying k+1
+    # tokens at once rounds differently from decoding one, so near-tied tokens flip and the rate is a measured
+    # agreement.
+    exact_expected: bool
+    dtype: str
+
+
+class OfflineEstimate(_Record):
+    """Expected tokens per verifier step from held-out hidden states and the exported draft
+    (eagle3/modeling/offline_estimate.py), beside vLLM's measured figure."""
+
+    k: int
+    heldout_tokens_read: NonNegativeInt
+    device: str
+    positions: NonNegativeInt
+    drafts: NonNegativeInt
+    tokens_per_step: float
+    mean_acceptance_length: float
+    acceptance_by_position: list[float]
+    top1_agreement_by_position: list[float]
+    vllm_tokens_per_step: float
+    gap: float
+
+
+class Benchmark(_Record):
+    """One benchmark prompt set (eagle3/formats/benchmarks.py): its facts, its figures and its categories'."""
+
+    license: str
+    # Records read from the source, prompts evaluated, dropped as training prompts, dropped over the cap.
+    records: NonNegativeInt
+    prompts: NonNegativeInt
+    contaminated: NonNegativeInt
+    capped: NonNegativeInt
+    results: list[Figures]
+    categories: dict[str, list[Figures]]
+
+
+class Prompts(_Record):
+    split: Literal["heldout"]
+    count: NonNegativeInt
+    prompt_hashes: list[str]
+
+
+class EvalMetrics(_Record):
+    headline: Headline
+    lossless: Lossless
+    offline_estimate: OfflineEstimate
+    # An MLA verifier's attention in vLLM (evaluate's mla_in_vllm); null: not an MLA verifier, or on servers.
+    mla: dict[str, Any] | None
+    runs: list[Run] = Field(min_length=1)
+    benchmarks: dict[str, Benchmark]
+    # What the later turns of multi-turn sets followed: the verifier's own greedy answers (the none run), or,
+    # without a none run, each configuration's own greedy answers.
+    later_turns_follow: Literal["none", "each configuration's own"]
+    prompts: Prompts
+    max_tokens: int
+    # True where this vLLM build needed eagle3/engines/speculative.py's fix for sampled (temperature > 0) runs.
+    repaired_vllm_temperature_expansion: bool
+    # What computed the figures (eagle3/environment.py; for servers, what each reported).
+    environment: dict[str, Any]
+    seconds: float
+
+    def greedy_run(self, method: str, k: int | None) -> Run | None:
+        return next((r for r in self.runs if r.method == method and r.k == k and r.temperature == 0), None)
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def read_eval_metrics(root: Path) -> EvalMetrics:
+    """metrics/eval.json of the project at `root`; one error line naming the first wrong key."""
+    where, rerun = EVAL_METRICS.as_posix(), "rerun the evaluate stage"
+    try:
+        data = read_report_json(root / EVAL_METRICS, "evaluation metrics", rerun)
+    except FileNotFoundError:
+        raise Eagle3Error(
+            f"{where}: missing; a draft is not published without evaluation metrics: run the evaluate stage "
+            "(`dvc repro`) first"
+        ) from None
+    try:
+        metrics = EvalMetrics.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        raise Eagle3Error(f"{where}: {key}: {error['msg']}; {rerun}") from None
+    if metrics.greedy_run("eagle3", metrics.headline.k) is None:
+        raise Eagle3Error(f"{where}: runs: no greedy eagle3 run at k={metrics.headline.k}; {rerun}")
+    return metrics
