@@ -151,7 +151,11 @@ INVALID = [
     ),
     (
         lambda p: _set(p, "extract.aux_layer_ids", [2, 2, 27]),
-        "params.yaml: extract.aux_layer_ids: layer ids must be distinct and >= 0, got [2, 2, 27]",
+        "params.yaml: extract.aux_layer_ids: layer ids must be distinct, >= 0 and ascending, got [2, 2, 27]",
+    ),
+    (
+        lambda p: _set(p, "extract.aux_layer_ids", [15, 2, 27]),
+        "params.yaml: extract.aux_layer_ids: layer ids must be distinct, >= 0 and ascending, got [15, 2, 27]",
     ),
     (
         lambda p: _set(p, "extract.backend", "sglang"),

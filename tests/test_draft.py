@@ -149,6 +149,7 @@ def test_export_writes_the_vllm_contract(exported):
     config = json.loads((exported / "draft/config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9] and config["num_aux_hidden_states"] == 3
     assert (config["num_hidden_layers"], config["draft_vocab_size"], config["vocab_size"]) == (1, 40, 100)
     assert config["tie_word_embeddings"] is False and config["max_position_embeddings"] == 256
     assert config["rope_parameters"] == VERIFIER["rope_parameters"]
@@ -188,7 +189,28 @@ def _edit_tensors(directory, **changes):
 @pytest.mark.parametrize(
     "breakage, expected",
     [
-        (lambda d: _edit_config(d, eagle_config={}), "eagle_aux_hidden_state_layer_ids is missing"),
+        (
+            lambda d: _edit_config(d, eagle_config={}, eagle_aux_hidden_state_layer_ids=None),
+            "eagle_aux_hidden_state_layer_ids is missing",
+        ),
+        (
+            lambda d: _edit_config(d, eagle_aux_hidden_state_layer_ids=None),
+            "eagle_aux_hidden_state_layer_ids is only inside eagle_config: vLLM's V2 model runner reads the top-level",
+        ),
+        (
+            lambda d: _edit_config(d, eagle_aux_hidden_state_layer_ids=[2, 6, 8]),
+            "eagle_aux_hidden_state_layer_ids is [2, 6, 8] at the top level but [2, 6, 9] in eagle_config",
+        ),
+        (
+            lambda d: _edit_config(
+                d,
+                eagle_aux_hidden_state_layer_ids=[6, 2, 9],
+                eagle_config={"eagle_aux_hidden_state_layer_ids": [6, 2, 9], "use_aux_hidden_state": True},
+            ),
+            "eagle_aux_hidden_state_layer_ids [6, 2, 9] must be distinct and ascending",
+        ),
+        (lambda d: _edit_config(d, norm_output=True), "norm_output is true: a draft layout other than the one checked"),
+        (lambda d: _edit_config(d, fc_norm=True), "fc_norm is true: a draft layout other than the one checked"),
         (lambda d: _edit_config(d, tie_word_embeddings=True), "tie_word_embeddings must be false"),
         (
             lambda d: _edit_config(d, max_position_embeddings=128),
@@ -221,6 +243,36 @@ def test_validate_draft_names_each_mismatch_in_one_line(exported, breakage, expe
     assert result.returncode == 2
     assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
+
+
+def test_speculators_export_writes_norm_before_residual_against_its_loader_default(exported):
+    _edit_config(exported / "speculators", norm_before_residual=None)
+    assert check_draft(exported / "speculators", exported / "verifier") == [
+        "norm_before_residual is missing, and vLLM's speculators loader defaults it to true: write it as false"
+    ]
+
+
+@pytest.mark.slow
+def test_vllm_reads_the_exported_layers_and_layout_from_either_format(exported):
+    """Both exports as vLLM's own config loaders read them: the captured layers its V2 model runner takes (the top
+    level only) and its V1 runner takes, the aux count that sizes fc, and every layout switch."""
+    from types import SimpleNamespace
+
+    from vllm.transformers_utils.config import get_config
+    from vllm.transformers_utils.configs.eagle import EAGLEConfig
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+
+    for directory in ("draft", "speculators"):
+        config = get_config(str(exported / directory), trust_remote_code=False)
+        if directory == "draft":  # as vLLM's SpeculativeConfig wraps a plain config for method eagle3
+            config = EAGLEConfig(config, method="eagle3", model_type="eagle")
+            assert config.eagle_config["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]  # the V1 runner's fallback
+        runner = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=config))
+        assert get_eagle3_aux_layers_from_config(runner) == (2, 6, 9), directory
+        assert config.num_aux_hidden_states == 3, directory
+        switches = {key: getattr(config, key) for key in ("fc_norm", "norm_before_fc", "norm_output")}
+        assert switches == {"fc_norm": False, "norm_before_fc": False, "norm_output": False}, directory
+        assert config.norm_before_residual is False, directory
 
 
 def test_validate_draft_accepts_a_valid_export(exported):

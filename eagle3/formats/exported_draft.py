@@ -80,7 +80,11 @@ class _VllmDraft(LanguageModel, total=False):
     """The keys of a vLLM-format draft config read here; the layer's own are a model config's (LanguageModel)."""
 
     draft_vocab_size: Size | None
+    fc_norm: bool | None
+    norm_before_fc: bool | None
+    norm_output: bool | None
     norm_before_residual: bool | None
+    eagle_aux_hidden_state_layer_ids: _AuxIds | None
     eagle_config: _EagleConfig | None
     torch_dtype: Name | None
 
@@ -101,6 +105,9 @@ class _SpeculatorsDraft(TypedDict, total=False):
     transformer_layer_config: LanguageModel | None
     speculators_config: _Speculators | None
     draft_vocab_size: Size | None
+    fc_norm: bool | None
+    norm_before_fc: bool | None
+    norm_output: bool | None
     norm_before_residual: bool | None
     eagle_aux_hidden_state_layer_ids: _AuxIds | None
 
@@ -136,7 +143,17 @@ _VLLM_DRAFT, _SPECULATORS_DRAFT, _EXPORTED = (
 )
 
 
+# The draft-layout switches vLLM's EAGLE-3 models read (llama_eagle3.py, deepseek_eagle3.py; speculators' config
+# conversion copies them from its top level). Every one is written: the loaders' defaults differ (vLLM's speculators
+# path defaults norm_before_residual to true, the others to false). fc_norm: an RMSNorm per aux layer before fc;
+# norm_before_fc: one over the concatenated aux states; norm_output: the next draft step gets the final norm's
+# output instead of its input; norm_before_residual: the residual around the attention is the normed hidden state.
+# The drafts trained here use none of them (the 2024 EAGLE-3 layout).
+LAYOUT_SWITCHES = {"fc_norm": False, "norm_before_fc": False, "norm_output": False, "norm_before_residual": False}
+
+
 def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
+    aux = list(config.aux_layer_ids)
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -154,9 +171,13 @@ def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
-        "norm_before_residual": False,
+        **LAYOUT_SWITCHES,
+        "num_aux_hidden_states": len(aux),
         "torch_dtype": dtype,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids), "use_aux_hidden_state": True},
+        # vLLM's V1 model runner reads the captured layers from either place, its V2 runner from the top level only
+        # (without it, V2 captures the verifier's default layers whatever the draft was trained on).
+        "eagle_aux_hidden_state_layer_ids": aux,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
         **config.rope,
     }
 
@@ -164,10 +185,11 @@ def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
 def speculators_config(
     config: DraftConfig, dtype: str, verifier_name: str, verifier_architectures: list[str], tokens: int
 ) -> dict[str, Any]:
+    top_level = ("architectures", "eagle_config", "eagle_aux_hidden_state_layer_ids", "draft_vocab_size", "torch_dtype")
     layer = {
         key: value
         for key, value in vllm_config(config, dtype).items()
-        if key not in ("architectures", "eagle_config", "draft_vocab_size", "norm_before_residual", "torch_dtype")
+        if key not in top_level and key not in LAYOUT_SWITCHES
     }
     return {
         "architectures": ["Eagle3Speculator"],
@@ -181,7 +203,7 @@ def speculators_config(
         "transformer_layer_config": layer,
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.hidden_size,
-        "norm_before_residual": False,
+        **LAYOUT_SWITCHES,
         "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
         "torch_dtype": dtype,
     }
@@ -257,11 +279,7 @@ def _load_config(draft_dir: Path) -> tuple[dict[str, Any], str, list[int] | None
         if config["speculators_model_type"] != "eagle3":
             problems.append(f"speculators_model_type is {config['speculators_model_type']!r}, expected 'eagle3'")
         layer = {**(config.get("transformer_layer_config") or {}), "draft_vocab_size": config.get("draft_vocab_size")}
-        if config.get("norm_before_residual", True):
-            problems.append(
-                "norm_before_residual must be written as false (speculators defaults it to true; "
-                "eagle3 trains without it)"
-            )
+        problems += _layout_problems(config, "speculators", {"norm_before_residual": True})
         methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
         if not methods[0].get("speculative_tokens"):
             problems.append("speculators_config.proposal_methods[0].speculative_tokens is missing")
@@ -270,10 +288,36 @@ def _load_config(draft_dir: Path) -> tuple[dict[str, Any], str, list[int] | None
     architectures = config.get("architectures") or []
     if not {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"} & set(architectures):
         problems.append(f"architectures is {architectures}, expected ['LlamaForCausalLMEagle3']")
-    if config.get("norm_before_residual", False):
-        problems.append("norm_before_residual is true; eagle3 drafts are trained without it")
+    problems += _layout_problems(config, "vLLM-format", {})
     aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    top_level = config.get("eagle_aux_hidden_state_layer_ids")
+    if aux and top_level is None:
+        problems.append(
+            "eagle_aux_hidden_state_layer_ids is only inside eagle_config: vLLM's V2 model runner reads the top-level "
+            "key, and without it captures the verifier's default layers"
+        )
+    elif aux and top_level != aux:
+        problems.append(f"eagle_aux_hidden_state_layer_ids is {top_level} at the top level but {aux} in eagle_config")
     return config, "midlayer.", aux, problems
+
+
+def _layout_problems(config: dict[str, Any], loader: str, defaults: dict[str, bool]) -> list[str]:
+    """Each layout switch that vLLM's `loader` would resolve (absent: to its default, false unless `defaults` says)
+    otherwise than the layout whose tensors check_draft knows."""
+    problems = []
+    for key, expected in LAYOUT_SWITCHES.items():
+        value = config.get(key)
+        if value is None and defaults.get(key, False) != expected:
+            problems.append(
+                f"{key} is missing, and vLLM's {loader} loader defaults it to {str(not expected).lower()}: write it as "
+                f"{str(expected).lower()}"
+            )
+        elif value is not None and value != expected:
+            problems.append(
+                f"{key} is {str(value).lower()}: a draft layout other than the one checked here (EAGLE-3 without "
+                "aux or output norms, residual before the norm)"
+            )
+    return problems
 
 
 def expected_tensors(config: dict[str, Any], prefix: str, aux_count: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -346,6 +390,11 @@ def check_draft(draft_dir: Path, verifier_dir: Path) -> list[str]:
         )
     elif any(not isinstance(k, int) or not 0 <= k < layers for k in aux):
         problems.append(f"eagle_aux_hidden_state_layer_ids {aux} must be ints in [0, {layers})")
+    elif aux != sorted(set(aux)):
+        problems.append(
+            f"eagle_aux_hidden_state_layer_ids {aux} must be distinct and ascending: vLLM concatenates the captured "
+            "layers in ascending order, so fc would read them in another order than the one written"
+        )
     draft_vocab = config.get("draft_vocab_size")
     if not isinstance(draft_vocab, int) or not 0 < draft_vocab <= verifier["vocab_size"]:
         shape_problems.append(f"config draft_vocab_size is {draft_vocab!r}, must be in (0, {verifier['vocab_size']}]")

@@ -56,7 +56,8 @@ class ExtractParams(Section):
 
     @field_validator("aux_layer_ids")
     @classmethod
-    def _non_negative_unique(cls, ids: list[int] | None) -> list[int] | None:
-        if ids is not None and (min(ids) < 0 or len(set(ids)) != len(ids)):
-            raise ValueError(f"layer ids must be distinct and >= 0, got {ids}")
+    def _non_negative_ascending(cls, ids: list[int] | None) -> list[int] | None:
+        # vLLM concatenates the captured layers in ascending order whatever order the draft's config lists them in.
+        if ids is not None and (min(ids) < 0 or ids != sorted(set(ids))):
+            raise ValueError(f"layer ids must be distinct, >= 0 and ascending, got {ids}")
         return ids
