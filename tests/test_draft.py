@@ -10,7 +10,7 @@ from torch import nn
 
 from eagle3.formats.exported_draft import check_draft, load_exported_draft, write_drafts
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
-from eagle3.params.train import DraftAttention
+from eagle3.params.train import DraftAttention, DraftLayout
 from eagle3.stages.vocab import mapping, select
 
 from conftest import eagle3
@@ -32,8 +32,20 @@ VERIFIER = {
 }
 
 
-def tiny_draft(seed: int = 0, attention: DraftAttention | None = None) -> Eagle3Draft:
-    config = DraftConfig.from_verifier(VERIFIER, (2, 6, 9), draft_vocab_size=40, attention=attention)
+# The layouts vLLM's llama_eagle3.py runs: the 2024 one, EAGLE 3.1 and speculators' default, and every switch alone.
+LAYOUTS = {
+    "2024": DraftLayout(),
+    "eagle3.1": DraftLayout(fc_norm=True, norm_output=True),
+    "speculators": DraftLayout(norm_before_fc=True, norm_output=True, norm_before_residual=True),
+    "both-aux-norms": DraftLayout(fc_norm=True, norm_before_fc=True),
+    "norm_before_residual": DraftLayout(norm_before_residual=True),
+}
+
+
+def tiny_draft(
+    seed: int = 0, attention: DraftAttention | None = None, layout: DraftLayout | None = None
+) -> Eagle3Draft:
+    config = DraftConfig.from_verifier(VERIFIER, (2, 6, 9), draft_vocab_size=40, attention=attention, layout=layout)
     draft = Eagle3Draft(config)
     generator = torch.Generator().manual_seed(seed)
     draft.init_weights(generator)
@@ -41,7 +53,8 @@ def tiny_draft(seed: int = 0, attention: DraftAttention | None = None) -> Eagle3
         for module in draft.modules():
             if hasattr(module, "eps"):
                 module.weight.copy_(1 + 0.3 * torch.randn(module.weight.shape, generator=generator))
-        draft.aux_scale.copy_(0.5 + torch.rand(draft.aux_scale.shape, generator=generator) * 4)
+        if not config.layout.normalises_aux:  # as training leaves it (the draft's doc says why)
+            draft.aux_scale.copy_(0.5 + torch.rand(draft.aux_scale.shape, generator=generator) * 4)
     return draft
 
 
@@ -68,9 +81,11 @@ def _rotate(x, cos, sin):
 
 
 def _reference_step(draft, embed, token, hidden, position, cache):
-    """One draft step for ONE position, written out as vLLM runs it: explicit keys list, explicit softmax."""
+    """One draft step for ONE position, written out as vLLM runs it (llama_eagle3.py's LlamaDecoderLayer): explicit
+    keys list, explicit softmax; its output and what the next step receives (`norm_output`)."""
     layer, attn = draft.midlayer, draft.midlayer.self_attn
-    x = torch.cat([layer.input_layernorm(embed(torch.tensor(token))), layer.hidden_norm(hidden)])
+    normed = layer.hidden_norm(hidden)
+    x = torch.cat([layer.input_layernorm(embed(torch.tensor(token))), normed])
     cos, sin = _rope(draft, x, position)
     q = attn.q_proj(x).view(attn.heads, attn.head_dim)
     k = attn.k_proj(x).view(attn.kv_heads, attn.head_dim)
@@ -84,31 +99,70 @@ def _reference_step(draft, embed, token, hidden, position, cache):
         values = torch.stack([value[h // group] for _, value in cache])
         weights = torch.softmax(keys @ q[h] / math.sqrt(attn.head_dim), 0)
         heads.append(weights @ values)
-    residual = attn.o_proj(torch.cat(heads)) + hidden
-    return layer.mlp(layer.post_attention_layernorm(residual)) + residual
+    residual = attn.o_proj(torch.cat(heads)) + (normed if draft.config.norm_before_residual else hidden)
+    output = layer.mlp(layer.post_attention_layernorm(residual)) + residual
+    return output, draft.norm(output) if draft.config.norm_output else output
 
 
-def test_training_time_test_unroll_equals_vllm_style_step_by_step_drafting():
+def _reference_fc_input(draft, aux):
+    """vLLM's combine_hidden_states before fc: input_norm over all aux states, then fc_norm per layer."""
+    x = aux / draft.aux_scale
+    if draft.config.norm_before_fc:
+        x = draft.input_norm(x)
+    if draft.config.fc_norm:
+        x = torch.cat([draft.fc_norm[i](part) for i, part in enumerate(x.split(32, -1))], -1)
+    return x
+
+
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_training_time_test_unroll_equals_vllm_style_step_by_step_drafting(layout):
     torch.manual_seed(0)
-    draft = tiny_draft().eval()
+    draft = tiny_draft(layout=layout).eval()
     embed = nn.Embedding(100, 32)
     tokens, steps = 9, 3
     ids = torch.randint(0, 100, (1, tokens))
     aux = torch.randn(1, tokens, 96) * 5
     with torch.no_grad():
         features = draft.unroll(ids, aux, embed, steps)
-        fused = draft.fc(aux[0] / draft.aux_scale)
+        fused = draft.fc(_reference_fc_input(draft, aux[0]))
         for t in range(tokens - 1 - steps):
             # context: the first pass over positions 0..t (token t+1 at slot t), then steps 1.. at position t only
             cache = []
             for s in range(t + 1):
-                hidden = _reference_step(draft, embed, int(ids[0, s + 1]), fused[s], s, cache)
+                output, hidden = _reference_step(draft, embed, int(ids[0, s + 1]), fused[s], s, cache)
             context = cache[: t + 1]
-            assert torch.allclose(features[0][0, t], hidden, atol=1e-5), f"step 0, position {t}"
+            assert torch.allclose(features[0][0, t], output, atol=1e-5), f"step 0, position {t}"
             cache = list(context)
             for i in range(1, steps):
-                hidden = _reference_step(draft, embed, int(ids[0, t + 1 + i]), hidden, t + i, cache)
-                assert torch.allclose(features[i][0, t], hidden, atol=1e-5), f"step {i}, position {t}"
+                output, hidden = _reference_step(draft, embed, int(ids[0, t + 1 + i]), hidden, t + i, cache)
+                assert torch.allclose(features[i][0, t], output, atol=1e-5), f"step {i}, position {t}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_each_layout_exports_and_loads_back_as_the_same_draft(tmp_path, layout):
+    """Export writes the layout's switches and norm tensors; the draft loaded back from them (as the offline
+    estimate loads it) computes what the trained one does, and the validator finds nothing to object to."""
+    draft = tiny_draft(layout=layout)
+    export_beside_verifier(tmp_path, draft, "float32")
+    config = json.loads((tmp_path / "draft/config.json").read_text())
+    assert {key: config[key] for key in DraftLayout.model_fields} == layout.model_dump()
+    speculators = json.loads((tmp_path / "speculators/config.json").read_text())
+    assert {key: speculators[key] for key in DraftLayout.model_fields} == layout.model_dump()
+    assert not set(DraftLayout.model_fields) & set(speculators["transformer_layer_config"])
+    tensors = load_file(tmp_path / "draft/model.safetensors")
+    assert ("input_norm.weight" in tensors) == layout.norm_before_fc
+    assert ("fc_norm.2.weight" in tensors) == layout.fc_norm
+    loaded, _ = load_exported_draft(tmp_path / "draft")
+    assert loaded.config.layout == layout
+    ids, aux = torch.randint(0, 100, (1, 12)), torch.randn(1, 12, 96) * 30
+    embed = nn.Embedding(100, 32)
+    with torch.no_grad():
+        for ours, theirs in zip(
+            draft.eval().unroll(ids, aux, embed, 3), loaded.unroll(ids, aux, embed, 3), strict=True
+        ):
+            assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+    for directory in ("draft", "speculators"):
+        assert check_draft(tmp_path / directory, tmp_path / "verifier", layout) == []
 
 
 def test_export_folds_the_input_scale_into_fc():
@@ -209,8 +263,9 @@ def _edit_tensors(directory, **changes):
             ),
             "eagle_aux_hidden_state_layer_ids [6, 2, 9] must be distinct and ascending",
         ),
-        (lambda d: _edit_config(d, norm_output=True), "norm_output is true: a draft layout other than the one checked"),
-        (lambda d: _edit_config(d, fc_norm=True), "fc_norm is true: a draft layout other than the one checked"),
+        # A layout with per-layer aux norms reads tensors this draft does not have.
+        (lambda d: _edit_config(d, fc_norm=True), "tensor fc_norm.0.weight is missing"),
+        (lambda d: _edit_config(d, norm_before_fc=True), "tensor input_norm.weight is missing"),
         (lambda d: _edit_config(d, tie_word_embeddings=True), "tie_word_embeddings must be false"),
         (
             lambda d: _edit_config(d, max_position_embeddings=128),
@@ -248,7 +303,18 @@ def test_validate_draft_names_each_mismatch_in_one_line(exported, breakage, expe
 def test_speculators_export_writes_norm_before_residual_against_its_loader_default(exported):
     _edit_config(exported / "speculators", norm_before_residual=None)
     assert check_draft(exported / "speculators", exported / "verifier") == [
-        "norm_before_residual is missing, and vLLM's speculators loader defaults it to true: write it as false"
+        "norm_before_residual is missing, and vLLM's speculators loader defaults it to true: write it as the draft "
+        "was trained"
+    ]
+
+
+def test_export_checks_each_switch_against_the_trained_layout(exported):
+    """A switch that adds no tensor (norm_output, norm_before_residual) changes only what vLLM computes: export
+    checks it against the checkpoint's layout."""
+    _edit_config(exported / "draft", norm_output=True)
+    assert check_draft(exported / "draft", exported / "verifier") == []
+    assert check_draft(exported / "draft", exported / "verifier", DraftLayout()) == [
+        "norm_output reads as true in vLLM, but the draft was trained with false"
     ]
 
 

@@ -3,7 +3,7 @@ sample length, and at the hero run's shape within the issue's bounds."""
 
 import pytest
 
-from eagle3.params.train import TrainParams
+from eagle3.params.train import DraftLayout, TrainParams
 from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
 from eagle3.training.distributed import Dist
 from eagle3.training.memory import (
@@ -31,10 +31,10 @@ SMALL = {
 TTT = 3
 
 
-def real_peak(tokens: int, recompute: str, precision: str) -> int:
+def real_peak(tokens: int, recompute: str, precision: str, layout: DraftLayout | None = None) -> int:
     """Live storage at the peak of the second real step, everything (model, AdamW state, batch) counted from its
     allocation: a count that shares nothing with the estimator's bookkeeping."""
-    config = draft_config_for(SMALL, 300)
+    config = draft_config_for(SMALL, 300, layout)
     with PeakBytes() as meter:
         objective = make_objective_for(config, TTT, recompute, precision)
         optimizer = make_optimizer(objective.draft, TrainParams())
@@ -99,3 +99,25 @@ def test_kimi_k2_5_at_16k_tokens_and_7_ttt_steps_fits_the_issue_bounds():
     # The persistent part alone: fp32 weights, two AdamW moments, the bf16 embedding and head rows.
     persistent = estimator.memory(16384, "full").persistent / GiB
     assert 1.19e9 * 12 / GiB < persistent < 1.19e9 * 12 / GiB + 3, persistent
+
+
+# speculators' default layout: the most extra tensors (one norm over the 3 x 64 aux values, post-norm feedback).
+SPECULATORS = DraftLayout(norm_before_fc=True, norm_output=True, norm_before_residual=True)
+
+
+@pytest.mark.parametrize(
+    ("layout", "extra_tensors", "extra_parameters"),
+    [(DraftLayout(fc_norm=True, norm_output=True), 3, 3 * 64), (SPECULATORS, 1, 3 * 64)],
+)
+def test_the_estimate_counts_the_layouts_norms(small, layout, extra_tensors, extra_parameters):
+    """Each layout's norm weights in the weights and AdamW's state (fp32: two moments, and a step count per
+    tensor), its normed copies of the aux states and of each step's feedback in the step; and the estimate is
+    still the real peak."""
+    plain = small.memory(512, "off")
+    normed = Estimator(draft_config_for(SMALL, 300, layout), TTT).memory(512, "off")
+    assert normed.weights - plain.weights == extra_parameters * 4
+    assert normed.optimizer - plain.optimizer == 2 * extra_parameters * 4 + extra_tensors * 4
+    # Kept for the backward at least: the aux norm's output for fc, [512, 3 x 64] in bf16.
+    assert normed.step - plain.step >= 512 * 3 * 64 * 2
+    measured = real_peak(512, "off", "bfloat16", layout)
+    assert abs(normed.total - measured) <= 0.02 * measured

@@ -27,12 +27,13 @@ CHANGED = {
     ("train", "sharding"): "fsdp",
     ("train", "activation_checkpointing"): "mlp",
     ("train", "launch"): {"processes_per_node": 4, "nodes": 1},
+    ("train", "draft_layout"): {"fc_norm": True, "norm_output": True},
 }
 # The same values as flags.
 FLAGS = (
     "--samples", "2000", "--max-tokens", "24576", "--layers", "3", "--storage", "fp8-aux", "--epochs", "3",
     "--ttt-steps", "5", "--draft-vocab", "16000", "--keep-checkpoints", "4", "--stream-buffer-gb", "32",
-    "--sharding", "fsdp", "--recompute", "mlp", "--gpus", "4",
+    "--sharding", "fsdp", "--recompute", "mlp", "--gpus", "4", "--draft-layout", "norm_output,fc_norm",
 )  # fmt: skip
 
 

@@ -3,6 +3,7 @@ checkpoints, the vocab file, extract's per-part records and data/hidden/index.js
 line naming the file and the field, never another exception; the bombs are refused before they are inflated.
 (Longer than most modules: one hostile case per field of five formats.)"""
 
+import dataclasses
 import json
 import shutil
 import tracemalloc
@@ -191,6 +192,29 @@ def test_a_checkpoint_loads_back_as_saved(tmp_path):
     optimizer = torch.optim.AdamW(fresh.parameters(), fused=True)
     assert load_checkpoint(path, fresh, optimizer).step == 3
     assert len(optimizer.state) == len(list(fresh.parameters()))
+
+
+def test_a_checkpoint_of_another_layout_refuses_to_resume(tmp_path):
+    """norm_output adds no tensor: without the check its checkpoint would resume into a draft that feeds the
+    pre-norm state back, silently."""
+    path, _ = _checkpoint(tmp_path)
+    other = Eagle3Draft(dataclasses.replace(CONFIG, norm_output=True))
+    optimizer = torch.optim.AdamW(other.parameters(), fused=True)
+    with pytest.raises(Eagle3Error, match=r"trained with draft layout no extra norms, not train.draft_layout's "):
+        load_checkpoint(path, other, optimizer)
+
+
+def test_a_checkpoint_of_another_layout_is_not_exported_as_the_configured_one(tmp_path):
+    from eagle3.params.train import DraftLayout, TrainParams
+    from eagle3.stages import export
+
+    _checkpoint(tmp_path / "checkpoints")
+    params = export.Params(train=TrainParams(draft_layout=DraftLayout(fc_norm=True, norm_output=True)))
+    with pytest.raises(
+        Eagle3Error,
+        match=r"trained with draft layout no extra norms, not train.draft_layout's fc_norm, norm_output; rerun `dvc",
+    ):
+        export.run(params, tmp_path)
 
 
 def test_a_resumed_run_maps_no_checkpoint_that_keep_checkpoints_deletes(tmp_path):

@@ -149,6 +149,13 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optim
     """Weights into `draft` and AdamW state into `optimizer`, on the device the draft is on now (sliced as its
     parameters are under fsdp: every process calls it)."""
     state = read_state(path)
+    # A switch without tensors of its own (norm_output, norm_before_residual) would otherwise load silently.
+    trained = state.draft_config.layout
+    if trained != draft.config.layout:
+        raise Eagle3Error(
+            f"{path}: trained with draft layout {trained.words()}, not train.draft_layout's "
+            f"{draft.config.layout.words()}; a run cannot change layout: set it back, or delete {path.parent}"
+        )
     current = draft.state_dict()
     tensors = matching_tensors(path / MODEL, _shapes(draft), _fix(path))
     draft.load_state_dict({name: _like(value, current[name]) for name, value in tensors.items()})

@@ -3,21 +3,25 @@
 models/draft/ (vLLM's classic EAGLE-3 format, llama_eagle3.py):
   config.json        LlamaForCausalLMEagle3, num_hidden_layers 1, vocab_size = the verifier's, draft_vocab_size,
                      hidden/heads/KV heads/head_dim/rope from the verifier, max_position_embeddings = the
-                     verifier's, tie_word_embeddings false, norm_before_residual false,
-                     eagle_config.eagle_aux_hidden_state_layer_ids ALWAYS written (without it vLLM guesses other
-                     layers and acceptance collapses to ~1%)
+                     verifier's, tie_word_embeddings false, the layout's four switches (fc_norm, norm_before_fc,
+                     norm_output, norm_before_residual) and num_aux_hidden_states, the captured layers ALWAYS
+                     written, both at the top level (vLLM's V2 model runner reads only that) and in
+                     eagle_config.eagle_aux_hidden_state_layer_ids (without them vLLM captures other layers and
+                     acceptance collapses to ~1%)
   model.safetensors  fc.weight [H, 3H], midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}.weight,
                      midlayer.self_attn.{q,k,v}_proj.weight [*, 2H], midlayer.self_attn.o_proj.weight,
                      midlayer.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight [draft_vocab, H] in
-                     export.dtype; d2t int64 [draft_vocab], t2d bool [vocab]; no embed_tokens (vLLM shares the
-                     verifier's)
-models/draft-speculators/: the same tensors (midlayer.* named layers.0.*) with a speculators config
-  (speculators_model_type eagle3, norm_before_residual false written explicitly: its default there is true).
+                     export.dtype, input_norm.weight [3H] (norm_before_fc) and fc_norm.{i}.weight [H] (fc_norm);
+                     d2t int64 [draft_vocab], t2d bool [vocab]; no embed_tokens (vLLM shares the verifier's)
+models/draft-speculators/: the same tensors (midlayer.* named layers.0.*) with a speculators config: the layer's
+  keys in transformer_layer_config, the switches and captured layers at its top level (every switch written: its
+  default for norm_before_residual there is true).
 
 `check_draft` / `validate_draft` (`eagle3 validate-draft DIR --verifier DIR`) check a draft against this
 contract and its verifier before anyone serves it. Each pitfall that silently wrecks acceptance in vLLM is a
-named check: missing aux layer ids, a float d2t, tied embeddings, a short max_position_embeddings, shapes that
-disagree with the verifier, a d2t/t2d pair that maps to the wrong tokens. Every mismatch is listed in one error.
+named check: missing or unsorted aux layer ids, a float d2t, tied embeddings, a short max_position_embeddings,
+shapes that disagree with the verifier, a d2t/t2d pair that maps to the wrong tokens, a layout switch that vLLM
+would read otherwise than the draft was trained with. Every mismatch is listed in one error.
 
 Drafts are pulled from remotes and handed between people, so every file is read as untrusted first
 (eagle3/formats/hf_config.py, tensor_files.py): a file that is unreadable, not UTF-8 JSON, or a field of the
@@ -50,6 +54,7 @@ from eagle3.formats.hf_config import (
 )
 from eagle3.formats.tensor_files import load_tensor, matching_tensors, tensor_headers
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.params.train import DraftLayout
 
 WEIGHTS = "model.safetensors"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -143,13 +148,13 @@ _VLLM_DRAFT, _SPECULATORS_DRAFT, _EXPORTED = (
 )
 
 
-# The draft-layout switches vLLM's EAGLE-3 models read (llama_eagle3.py, deepseek_eagle3.py; speculators' config
-# conversion copies them from its top level). Every one is written: the loaders' defaults differ (vLLM's speculators
-# path defaults norm_before_residual to true, the others to false). fc_norm: an RMSNorm per aux layer before fc;
-# norm_before_fc: one over the concatenated aux states; norm_output: the next draft step gets the final norm's
-# output instead of its input; norm_before_residual: the residual around the attention is the normed hidden state.
-# The drafts trained here use none of them (the 2024 EAGLE-3 layout).
-LAYOUT_SWITCHES = {"fc_norm": False, "norm_before_fc": False, "norm_output": False, "norm_before_residual": False}
+# The draft-layout switches (params train.draft_layout: DraftLayout) are vLLM's config keys, read by its EAGLE-3
+# models (llama_eagle3.py) at the config's top level; speculators' config conversion copies them from its own top
+# level. Every one is written: the loaders' defaults differ (vLLM's speculators path defaults norm_before_residual
+# to true, the others to false).
+LAYOUT_KEYS = tuple(DraftLayout.model_fields)
+# What vLLM's speculators loader assumes for a switch its config leaves out (the vLLM format's loaders: false).
+_SPECULATORS_DEFAULTS = {"norm_before_residual": True}
 
 
 def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
@@ -171,7 +176,7 @@ def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
-        **LAYOUT_SWITCHES,
+        **config.layout.model_dump(),
         "num_aux_hidden_states": len(aux),
         "torch_dtype": dtype,
         # vLLM's V1 model runner reads the captured layers from either place, its V2 runner from the top level only
@@ -189,7 +194,7 @@ def speculators_config(
     layer = {
         key: value
         for key, value in vllm_config(config, dtype).items()
-        if key not in top_level and key not in LAYOUT_SWITCHES
+        if key not in top_level and key not in LAYOUT_KEYS
     }
     return {
         "architectures": ["Eagle3Speculator"],
@@ -203,7 +208,7 @@ def speculators_config(
         "transformer_layer_config": layer,
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.hidden_size,
-        **LAYOUT_SWITCHES,
+        **config.layout.model_dump(),
         "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
         "torch_dtype": dtype,
     }
@@ -269,8 +274,9 @@ def load_exported_draft(draft_dir: Path) -> tuple[Eagle3Draft, torch.Tensor]:
     return draft.eval(), d2t
 
 
-def _load_config(draft_dir: Path) -> tuple[dict[str, Any], str, list[int] | None, list[str]]:
-    """(layer config, tensor prefix of the decoder layer, aux layer ids, format-level problems)."""
+def _load_config(draft_dir: Path) -> tuple[dict[str, Any], str, list[int] | None, DraftLayout, list[str]]:
+    """(layer config, tensor prefix of the decoder layer, aux layer ids, the layout vLLM reads, format-level
+    problems)."""
     path = draft_dir / CONFIG
     config = read_json(path, "a draft directory holds config.json and model.safetensors")
     problems = []
@@ -279,16 +285,18 @@ def _load_config(draft_dir: Path) -> tuple[dict[str, Any], str, list[int] | None
         if config["speculators_model_type"] != "eagle3":
             problems.append(f"speculators_model_type is {config['speculators_model_type']!r}, expected 'eagle3'")
         layer = {**(config.get("transformer_layer_config") or {}), "draft_vocab_size": config.get("draft_vocab_size")}
-        problems += _layout_problems(config, "speculators", {"norm_before_residual": True})
+        layout, layout_problems = _layout(config, _SPECULATORS_DEFAULTS)
+        problems += layout_problems
         methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
         if not methods[0].get("speculative_tokens"):
             problems.append("speculators_config.proposal_methods[0].speculative_tokens is missing")
-        return layer, "layers.0.", config.get("eagle_aux_hidden_state_layer_ids"), problems
+        return layer, "layers.0.", config.get("eagle_aux_hidden_state_layer_ids"), layout, problems
     check_fields(path, config, _VLLM_DRAFT)
     architectures = config.get("architectures") or []
     if not {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"} & set(architectures):
         problems.append(f"architectures is {architectures}, expected ['LlamaForCausalLMEagle3']")
-    problems += _layout_problems(config, "vLLM-format", {})
+    layout, layout_problems = _layout(config, {})
+    problems += layout_problems
     aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     top_level = config.get("eagle_aux_hidden_state_layer_ids")
     if aux and top_level is None:
@@ -298,29 +306,23 @@ def _load_config(draft_dir: Path) -> tuple[dict[str, Any], str, list[int] | None
         )
     elif aux and top_level != aux:
         problems.append(f"eagle_aux_hidden_state_layer_ids is {top_level} at the top level but {aux} in eagle_config")
-    return config, "midlayer.", aux, problems
+    return config, "midlayer.", aux, layout, problems
 
 
-def _layout_problems(config: dict[str, Any], loader: str, defaults: dict[str, bool]) -> list[str]:
-    """Each layout switch that vLLM's `loader` would resolve (absent: to its default, false unless `defaults` says)
-    otherwise than the layout whose tensors check_draft knows."""
-    problems = []
-    for key, expected in LAYOUT_SWITCHES.items():
-        value = config.get(key)
-        if value is None and defaults.get(key, False) != expected:
-            problems.append(
-                f"{key} is missing, and vLLM's {loader} loader defaults it to {str(not expected).lower()}: write it as "
-                f"{str(expected).lower()}"
-            )
-        elif value is not None and value != expected:
-            problems.append(
-                f"{key} is {str(value).lower()}: a draft layout other than the one checked here (EAGLE-3 without "
-                "aux or output norms, residual before the norm)"
-            )
-    return problems
+def _layout(config: dict[str, Any], defaults: dict[str, bool]) -> tuple[DraftLayout, list[str]]:
+    """The layout vLLM's loader reads from `config` (a switch left out: `defaults`, else false), and a problem for
+    each switch left out where that loader's default is true: which layout was trained is then anyone's guess."""
+    problems = [
+        f"{key} is missing, and vLLM's speculators loader defaults it to true: write it as the draft was trained"
+        for key, default in defaults.items()
+        if default and config.get(key) is None
+    ]
+    return DraftLayout(**{key: config.get(key, defaults.get(key, False)) for key in LAYOUT_KEYS}), problems
 
 
-def expected_tensors(config: dict[str, Any], prefix: str, aux_count: int) -> dict[str, tuple[tuple[int, ...], str]]:
+def expected_tensors(
+    config: dict[str, Any], prefix: str, aux_count: int, layout: DraftLayout
+) -> dict[str, tuple[tuple[int, ...], str]]:
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     kv, head_dim = config.get("num_key_value_heads", heads), config.get("head_dim") or hidden // heads
     inter, draft_vocab, vocab = config["intermediate_size"], config["draft_vocab_size"], config["vocab_size"]
@@ -332,6 +334,10 @@ def expected_tensors(config: dict[str, Any], prefix: str, aux_count: int) -> dic
         "d2t": ((draft_vocab,), "int64"),
         "t2d": ((vocab,), "bool"),
     }
+    if layout.norm_before_fc:
+        shapes["input_norm.weight"] = ((aux_count * hidden,), floats)
+    if layout.fc_norm:
+        shapes |= {f"fc_norm.{i}.weight": ((hidden,), floats) for i in range(aux_count)}
     for name, shape in {
         "input_layernorm.weight": (hidden,),
         "hidden_norm.weight": (hidden,),
@@ -354,9 +360,17 @@ def _dtype_ok(dtype: torch.dtype | None, kind: str) -> bool:
     return dtype == {"int64": torch.int64, "bool": torch.bool}[kind]
 
 
-def check_draft(draft_dir: Path, verifier_dir: Path) -> list[str]:
-    """Every mismatch between the draft in `draft_dir` and the contract / the verifier, as readable lines."""
-    config, prefix, aux, problems = _load_config(draft_dir)
+def check_draft(draft_dir: Path, verifier_dir: Path, trained: DraftLayout | None = None) -> list[str]:
+    """Every mismatch between the draft in `draft_dir` and the contract / the verifier, as readable lines; with
+    `trained` (export: the checkpoint's layout), also each switch vLLM would read otherwise."""
+    config, prefix, aux, layout, problems = _load_config(draft_dir)
+    if trained is not None:
+        problems += [
+            f"{key} reads as {str(getattr(layout, key)).lower()} in vLLM, but the draft was trained with "
+            f"{str(getattr(trained, key)).lower()}"
+            for key in LAYOUT_KEYS
+            if getattr(layout, key) != getattr(trained, key)
+        ]
     needed = ("hidden_size", "vocab_size", "num_hidden_layers", "max_position_embeddings")
     verifier = require(verifier_dir / CONFIG, read_config(verifier_dir, _VERIFIER_HINT), needed, _VERIFIER_HINT)
     layers = verifier["num_hidden_layers"]
@@ -407,7 +421,7 @@ def check_draft(draft_dir: Path, verifier_dir: Path) -> list[str]:
     weights = draft_dir / WEIGHTS
     if not weights.is_file():
         return problems + [f"{weights.name} is missing"]
-    expected = expected_tensors({**config, "draft_vocab_size": draft_vocab}, prefix, len(aux or [None] * 3))
+    expected = expected_tensors({**config, "draft_vocab_size": draft_vocab}, prefix, len(aux or [None] * 3), layout)
     headers = tensor_headers(weights, _DRAFT_FIX)
     for name, (shape, kind) in expected.items():
         if name not in headers:
@@ -444,7 +458,7 @@ def _check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor) -> list[str]:
     return problems
 
 
-def validate_draft(draft_dir: Path, verifier_dir: Path) -> None:
-    problems = check_draft(draft_dir, verifier_dir)
+def validate_draft(draft_dir: Path, verifier_dir: Path, trained: DraftLayout | None = None) -> None:
+    problems = check_draft(draft_dir, verifier_dir, trained)
     if problems:
         raise Eagle3Error(f"{draft_dir}: not a valid EAGLE-3 draft for {verifier_dir}: " + "; ".join(problems))

@@ -3,6 +3,8 @@
 Parameter names are vLLM's classic EAGLE-3 checkpoint names (llama_eagle3.py),
 so export is a rename-free save:
 
+    input_norm.weight [3H]                 norm_before_fc only: one RMSNorm over the concatenated aux states
+    fc_norm.{i}.weight [H]                 fc_norm only: one RMSNorm per aux layer's states
     fc.weight [H, 3H]                      aux states (in eagle_aux_hidden_state_layer_ids order) -> H
     midlayer.input_layernorm.weight [H]    applied to the token embedding
     midlayer.hidden_norm.weight [H]        applied to the hidden state
@@ -10,18 +12,21 @@ so export is a rename-free save:
     midlayer.self_attn.o_proj, midlayer.post_attention_layernorm, midlayer.mlp.{gate,up,down}_proj
     norm.weight [H], lm_head.weight [draft_vocab, H]
 
-One step (vLLM, norm_before_residual=False): residual = h (raw);
-r = o_proj(attn) + h; pre = mlp(post_attention_layernorm(r)) + r;
-logits = lm_head(norm(pre)); the next draft step receives the PRE-norm `pre`.
+One step, as vLLM runs it with the layout's switches (DraftLayout): residual = h, or
+hidden_norm(h) with norm_before_residual; r = o_proj(attn) + residual;
+pre = mlp(post_attention_layernorm(r)) + r; logits = lm_head(norm(pre)); the next
+draft step receives `pre`, or norm(pre) with norm_output.
 Step 0 feeds h = fc(aux) with the token one ahead (position t sees token t+1);
-step i feeds step i-1's `pre` with the token i+1 ahead at rope position t+i
+step i feeds step i-1's output with the token i+1 ahead at rope position t+i
 (eagle3/modeling/ttt_alignment.py has the shift) and attends to step 0's
 keys/values of positions <= t plus its own keys/values from steps 1..i:
 exactly the draft's KV cache in vLLM.
 
 `aux_scale` divides fc's input per channel during training (the aux states
 have channels averaging 100-350 and positions with norm ~25,000); export folds
-it into fc.weight, so the published format is unchanged.
+it into fc.weight, so the published format is unchanged. A layout with an aux
+norm (fc_norm, norm_before_fc) keeps it at ones: the norm already removes each
+position's scale, and a division before a norm could not be folded into fc.
 """
 
 import functools
@@ -37,7 +42,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.modeling.attention import ttt_attention
 from eagle3.modeling.ttt_alignment import input_offset, shift_left
-from eagle3.params.train import RECOMPUTE, DraftAttention
+from eagle3.params.train import RECOMPUTE, DraftAttention, DraftLayout
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 
@@ -61,6 +66,11 @@ class DraftConfig:
     max_position_embeddings: int
     aux_layer_ids: tuple[int, ...]
     rope: dict[str, Any] = field(default_factory=dict)
+    # The layout (params train.draft_layout, under vLLM's names); false in checkpoints made before it existed.
+    fc_norm: bool = False
+    norm_before_fc: bool = False
+    norm_output: bool = False
+    norm_before_residual: bool = False
 
     @classmethod
     def from_verifier(
@@ -70,11 +80,13 @@ class DraftConfig:
         draft_vocab_size: int,
         intermediate_size: int | None = None,
         attention: DraftAttention | None = None,
+        layout: DraftLayout | None = None,
     ) -> "DraftConfig":
         """The draft for this verifier: its hidden size, vocabulary and MLP width; attention and rope as
-        `attention` (train.attention) says, each null derived from the verifier."""
+        `attention` (train.attention) says, each null derived from the verifier; `layout` (train.draft_layout)."""
         text = text_config(verifier_config)
         attention = attention or DraftAttention()
+        layout = layout or DraftLayout()
         try:
             hidden = text["hidden_size"]
             if uses_mla(text):
@@ -109,6 +121,7 @@ class DraftConfig:
                 max_position_embeddings=text["max_position_embeddings"],
                 aux_layer_ids=tuple(aux_layer_ids),
                 rope=_rope(verifier_rope, attention),
+                **layout.model_dump(),
             )
         except KeyError as exc:
             raise Eagle3Error(f"verifier config.json: missing {exc.args[0]!r}, needed to shape the draft") from None
@@ -129,7 +142,13 @@ class DraftConfig:
             max_position_embeddings=config["max_position_embeddings"],
             aux_layer_ids=tuple(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
             rope={key: config[key] for key in ROPE_KEYS if config.get(key) is not None},
+            # Absent: false, as vLLM's loaders of this format read it.
+            **{key: bool(config.get(key, False)) for key in DraftLayout.model_fields},
         )
+
+    @property
+    def layout(self) -> DraftLayout:
+        return DraftLayout(**{key: getattr(self, key) for key in DraftLayout.model_fields})
 
     def llama_config(self):
         """A transformers LlamaConfig with the draft's shape, for rope and the MLP."""
@@ -273,11 +292,13 @@ class MidLayer(nn.Module):
         self.self_attn = TTTAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config.llama_config())
+        self.norm_before_residual = config.norm_before_residual
 
     def forward(self, embeds, hidden, cos, sin, cache, recompute_mlp: bool = False):
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         attended, k, v = self.self_attn(x, cos, sin, cache)
-        residual = attended + hidden
+        residual = attended + (normed if self.norm_before_residual else hidden)
         if recompute_mlp:
             return checkpoint(self.feed_forward, residual, use_reentrant=False) + residual, k, v
         return self.feed_forward(residual) + residual, k, v
@@ -293,7 +314,13 @@ class Eagle3Draft(nn.Module):
 
         self.config = config
         hidden = config.hidden_size
-        self.fc = nn.Linear(len(config.aux_layer_ids) * hidden, hidden, bias=False)
+        aux = len(config.aux_layer_ids)
+        # vLLM's names: input_norm.weight [A*H], fc_norm.{i}.weight [H].
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(aux * hidden, config.rms_norm_eps)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(hidden, config.rms_norm_eps) for _ in range(aux))
+        self.fc = nn.Linear(aux * hidden, hidden, bias=False)
         self.midlayer = MidLayer(config)
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
@@ -323,7 +350,7 @@ class Eagle3Draft(nn.Module):
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE)}")
         batch, tokens = input_ids.shape
-        hidden = self.fc(aux.to(self.aux_scale.dtype) / self.aux_scale)  # shards hold bf16; the scale is fp32
+        hidden = self.fc(self.fc_input(aux))
         positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
         training = torch.is_grad_enabled()
         recompute_mlp = training and recompute == "mlp"
@@ -338,10 +365,22 @@ class Eagle3Draft(nn.Module):
         features = []
         for i in range(steps):
             cos, sin = self.rotary(hidden, positions + i)
-            hidden, k, v = step(shift_left(input_ids, input_offset(i)), hidden, cos, sin, tuple(cache))
+            output, k, v = step(shift_left(input_ids, input_offset(i)), hidden, cos, sin, tuple(cache))
             cache.append((k, v))
-            features.append(hidden)
+            features.append(output)
+            hidden = self.norm(output) if self.config.norm_output else output
         return features
+
+    def fc_input(self, aux: torch.Tensor) -> torch.Tensor:
+        """fc's input from the aux states [.., A*H] as the layout says: aux_scale's per-channel division (ones where
+        the layout normalises: see `aux_scale`), one norm over all of them, one per layer."""
+        x = aux.to(self.aux_scale.dtype) / self.aux_scale  # shards hold bf16; the scale is fp32
+        if self.config.norm_before_fc:
+            x = self.input_norm(x)
+        if self.config.fc_norm:
+            parts = x.chunk(len(self.fc_norm), -1)
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, parts, strict=True)], -1)
+        return x
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(features))
@@ -349,5 +388,9 @@ class Eagle3Draft(nn.Module):
     def export_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The vLLM tensors: aux_scale folded into fc.weight, training-only buffers dropped."""
         state = {name: tensor.detach().float() for name, tensor in self.named_parameters()}
-        state["fc.weight"] = state["fc.weight"] / self.aux_scale.float()[None, :]
+        if self.config.layout.normalises_aux:
+            if not bool((self.aux_scale == 1).all()):
+                raise ValueError("aux_scale must stay ones in a layout with an aux norm: it cannot be folded into fc")
+        else:
+            state["fc.weight"] = state["fc.weight"] / self.aux_scale.float()[None, :]
         return {name: tensor.to(dtype).contiguous() for name, tensor in state.items()}

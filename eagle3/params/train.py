@@ -64,6 +64,29 @@ class DraftAttention(Section):
         return self
 
 
+class DraftLayout(Section):
+    """Where the draft layer normalises; the keys are vLLM's draft-config switches (llama_eagle3.py), which export
+    writes as set here. All false: the 2024 EAGLE-3 layout. EAGLE 3.1: fc_norm and norm_output. speculators'
+    default: norm_before_fc, norm_output and norm_before_residual."""
+
+    # An RMSNorm on each aux layer's states before fc.
+    fc_norm: bool = False
+    # One RMSNorm over the concatenated aux states before fc (applied before fc_norm's when both are set).
+    norm_before_fc: bool = False
+    # The next draft step receives the final norm's output instead of its input.
+    norm_output: bool = False
+    # The residual around the attention is the normed hidden state instead of the raw one.
+    norm_before_residual: bool = False
+
+    @property
+    def normalises_aux(self) -> bool:
+        return self.fc_norm or self.norm_before_fc
+
+    def words(self) -> str:
+        """The switched-on norms, for messages: "fc_norm, norm_output", or "no extra norms"."""
+        return ", ".join(name for name, on in self.model_dump().items() if on) or "no extra norms"
+
+
 class TrainParams(Section):
     # Training-time test: the draft is unrolled on its own outputs this many steps, as vLLM runs it (SpecForge: 7).
     ttt_steps: int = Field(7, gt=0, le=MAX_TTT_STEPS)
@@ -111,6 +134,7 @@ class TrainParams(Section):
     # MLP width of the draft layer; null: the verifier's intermediate_size.
     intermediate_size: PositiveInt | None = None
     attention: DraftAttention = DraftAttention()
+    draft_layout: DraftLayout = DraftLayout()
     checkpoint_every: PositiveInt = execution_only(100)
     keep_checkpoints: PositiveInt = execution_only(2)
     log_every: PositiveInt = execution_only(10)

@@ -13,26 +13,34 @@ from eagle3.formats.provenance import read_provenance, verifier_dir
 from eagle3.formats.vocab import load_vocab
 from eagle3.params.base import StageParams
 from eagle3.params.export import ExportParams
+from eagle3.params.train import TrainParams
 from eagle3.paths import CHECKPOINT_DIR, DRAFT_DIR, SPECULATORS_DRAFT_DIR
 from eagle3.progress import step
 
 
 class Params(StageParams):
     export: ExportParams = ExportParams()
+    # Its draft_layout: a checkpoint of another layout is not exported as this one.
+    train: TrainParams = TrainParams()
 
 
 def run(params: Params, root: Path, options=None) -> None:
     config = params.export
-    provenance = read_provenance(root)
     checkpoint = latest_checkpoint(root / CHECKPOINT_DIR)
     if checkpoint is None:
         raise Eagle3Error(f"{root / CHECKPOINT_DIR}: no checkpoint; run `dvc repro train` (or `eagle3 train`) first")
     draft, state = load_draft(checkpoint)
+    if draft.config.layout != params.train.draft_layout:
+        raise Eagle3Error(
+            f"{checkpoint}: trained with draft layout {draft.config.layout.words()}, not train.draft_layout's "
+            f"{params.train.draft_layout.words()}; rerun `dvc repro train` with this layout first"
+        )
     if state.step != state.total_steps:
         raise Eagle3Error(
             f"{checkpoint}: training stopped at step {state.step} of {state.total_steps}; "
             "rerun `eagle3 train` to finish it before exporting"
         )
+    provenance = read_provenance(root)
     d2t, t2d = load_vocab(root, provenance.vocab_size)
     write_drafts(
         draft,
@@ -46,7 +54,7 @@ def run(params: Params, root: Path, options=None) -> None:
         verifier_architectures=provenance.architectures,
     )
     for directory in (root / DRAFT_DIR, root / SPECULATORS_DRAFT_DIR):
-        validate_draft(directory, verifier_dir(root))
+        validate_draft(directory, verifier_dir(root), draft.config.layout)
     step(
         f"export: {checkpoint.name} -> {DRAFT_DIR} (vLLM EAGLE-3) and {SPECULATORS_DRAFT_DIR} (speculators); "
         f"aux layers {list(draft.config.aux_layer_ids)}, draft vocab {draft.config.draft_vocab_size}"

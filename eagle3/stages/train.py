@@ -115,7 +115,12 @@ def build(root: Path, params: Params, provenance: Provenance, world: Dist) -> tu
         }
         data = HiddenStateDataset(split_shards(root, "train"), expected, provenance.vocab_size)
     draft_config = DraftConfig.from_verifier(
-        read_config(verifier_dir(root)), layers[:-1], len(d2t), config.intermediate_size, config.attention
+        read_config(verifier_dir(root)),
+        layers[:-1],
+        len(d2t),
+        config.intermediate_size,
+        config.attention,
+        config.draft_layout,
     )
     return draft_config, data, {"d2t": d2t, "t2d": t2d}
 
@@ -209,7 +214,7 @@ def _fit(
             prefetch_factor=4 if workers else None,
             pin_memory=pinned,
         )
-    if checkpoint is None:
+    if checkpoint is None and not draft_config.layout.normalises_aux:  # the draft's doc says why
         draft.aux_scale.copy_(scale)
     live = open_log(root, start if checkpoint is not None else None) if world.main else None
     window = Window(config.ttt_steps)

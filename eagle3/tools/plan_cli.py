@@ -142,6 +142,7 @@ def _configuration_values(plan: Plan) -> dict[str, Any]:
         "keep_checkpoints": inputs.keep_checkpoints,
         "stream_buffer_gb": f"{inputs.stream_buffer_gb:g} GB",
         "sharding": memory.sharding,
+        "draft_layout": ", ".join(memory.draft_layout) or "none",
         "recompute": inputs.recompute,
         "gpus": inputs.there.gpus,
     }

@@ -21,6 +21,7 @@ CONFIGURED: dict[str, tuple[str, Any]] = {
     "keep_checkpoints": ("train.keep_checkpoints", 3),
     "stream_buffer_gb": ("train.stream_buffer_gb", 64.0),
     "sharding": ("train.sharding", "ddp"),
+    "draft_layout": ("train.draft_layout", ()),
     "recompute": ("train.activation_checkpointing", "off"),
     "gpus": ("train.launch", 8),
 }
@@ -48,6 +49,8 @@ def _value(params: Any, flag: str) -> Any:
     value = getattr(getattr(params, section), name)
     if flag == "layers":
         return (len(value) if value is not None else DEFAULT_AUX_LAYERS) + FINAL_LAYERS
+    if flag == "draft_layout":
+        return tuple(name for name, on in value.model_dump().items() if on)
     if flag == "gpus":
         per_node = value.processes_per_node
         return None if per_node == "auto" else per_node * value.nodes

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from eagle3.errors import Eagle3Error
 from eagle3.formats.storage import STORAGES
-from eagle3.params.train import MAX_TTT_STEPS, RECOMPUTE
+from eagle3.params.train import MAX_TTT_STEPS, RECOMPUTE, DraftLayout
 from eagle3.paths import EXTRACT_METRICS
 from eagle3.tools.plan_config import CONFIGURED
 from eagle3.tools.plan_types import CACHE_LINKS, GPUS, PRESETS, Budget
@@ -136,6 +136,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sharding", choices=["ddp", "fsdp"], help=f"for the training memory per GPU ({_configured('sharding')})"
     )
     training.add_argument(
+        "--draft-layout",
+        type=draft_layout,
+        metavar="NORMS",
+        help="the draft layout's norms, comma-separated (fc_norm, norm_before_fc, norm_output, norm_before_residual) "
+        f"or none, for the training memory ({_configured('draft_layout')})",
+    )
+    training.add_argument(
         "--recompute",
         choices=list(RECOMPUTE),
         help=f"train.activation_checkpointing the memory check holds to ({_configured('recompute')})",
@@ -162,6 +169,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weights-gb", type=float, help="verifier weights on disk, GB (presets and safetensors indexes know it)"
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
+
+
+def draft_layout(text: str) -> tuple[str, ...]:
+    """--draft-layout: switch names of train.draft_layout, comma-separated, or none."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip() and name.strip() != "none")
+    unknown = [name for name in names if name not in DraftLayout.model_fields]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown)}: not a draft layout switch; use {', '.join(DraftLayout.model_fields)} or none"
+        )
+    return tuple(name for name in DraftLayout.model_fields if name in names)
 
 
 def parse_budget(flag: str, text: str | None) -> Budget | None:

@@ -322,7 +322,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     require_parameter_count(args, verifier, there_measured, here_measured)
     cache = check_cache_link(args, root)
     link = probe_link(args, root)
-    memory = estimate(verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding)
+    memory = estimate(verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding, args.draft_layout)
     there_price = f"${there.usd_per_gpu_hour:g}/GPU-hour" + (" (preset)" if args.gpu_usd_per_hour is None else "")
     there_tokens_per_s = args.extract_tokens_per_s or there_preflight.extract_tokens_per_s
     if args.extract_tokens_per_s is not None:

@@ -49,14 +49,17 @@ class TrainMemory:
     sharding: str
     settings: dict[str, SettingMemory] | None
     source: str
+    draft_layout: tuple[str, ...] = ()
 
 
-def _cache_key(config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str) -> str:
+def _cache_key(
+    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str, layout: tuple[str, ...]
+) -> str:
     source = hashlib.sha256()
     for path in sorted(_PACKAGE.rglob("*.py")):
         source.update(path.read_bytes())
     versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers")}
-    inputs = [config, draft_vocab, ttt_steps, processes, sharding, LENGTHS, versions, source.hexdigest()]
+    inputs = [config, draft_vocab, ttt_steps, processes, sharding, layout, LENGTHS, versions, source.hexdigest()]
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -65,11 +68,13 @@ def _cache_dir() -> Path:
 
 
 def _measure(
-    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str
+    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str, layout: tuple[str, ...]
 ) -> dict[str, MemoryLine]:
+    from eagle3.params.train import DraftLayout
     from eagle3.training.memory import Estimator, draft_config_for
 
-    estimator = Estimator(draft_config_for(config, draft_vocab), ttt_steps)
+    draft = draft_config_for(config, draft_vocab, DraftLayout(**dict.fromkeys(layout, True)))
+    estimator = Estimator(draft, ttt_steps)
     lines = {}
     for setting in RECOMPUTE:
         short, long = (estimator.memory(tokens, setting, processes, sharding).total for tokens in LENGTHS)
@@ -90,24 +95,32 @@ def _cached(path: Path) -> dict[str, MemoryLine] | None:
         return None
 
 
-def estimate(config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str) -> MemoryEstimate:
-    """The lines, from the cache or measured (and cached)."""
+def estimate(
+    config: dict[str, Any],
+    draft_vocab: int,
+    ttt_steps: int,
+    processes: int,
+    sharding: str,
+    draft_layout: tuple[str, ...] = (),
+) -> MemoryEstimate:
+    """The lines, from the cache or measured (and cached); `draft_layout`: train.draft_layout's switched-on norms."""
     words = (
         f"eagle3/training/memory.py on fake tensors: {ttt_steps} TTT steps, bf16, batch 1, one of {processes} "
-        f"processes ({sharding})"
+        f"processes ({sharding}), draft layout: {', '.join(draft_layout) or 'no extra norms'}"
     )
+    key = (config, draft_vocab, ttt_steps, processes, sharding, draft_layout)
     try:
-        path = _cache_dir() / f"{_cache_key(config, draft_vocab, ttt_steps, processes, sharding)}.json"
+        path = _cache_dir() / f"{_cache_key(*key)}.json"
         lines = _cached(path)
         if lines is None:
-            lines = _measure(config, draft_vocab, ttt_steps, processes, sharding)
+            lines = _measure(*key)
             try:
                 write_json(path, to_json(lines))
             except OSError:
                 pass  # a read-only cache only costs the next plan the measurement again
     except Eagle3Error as exc:
-        return MemoryEstimate(ttt_steps, processes, sharding, None, f"not estimated: {exc}")
-    return MemoryEstimate(ttt_steps, processes, sharding, lines, words)
+        return MemoryEstimate(ttt_steps, processes, sharding, None, f"not estimated: {exc}", draft_layout)
+    return MemoryEstimate(ttt_steps, processes, sharding, lines, words, draft_layout)
 
 
 def compute_train_memory(estimate_: MemoryEstimate, max_tokens: int, machine: Machine) -> TrainMemory:
@@ -128,6 +141,7 @@ def compute_train_memory(estimate_: MemoryEstimate, max_tokens: int, machine: Ma
         estimate_.sharding,
         settings,
         estimate_.source,
+        estimate_.draft_layout,
     )
 
 

@@ -155,6 +155,8 @@ class MemoryEstimate:
     sharding: str
     lines: dict[str, MemoryLine] | None
     source: str
+    # The draft layout's switched-on norms (train.draft_layout); none: the 2024 layout.
+    draft_layout: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

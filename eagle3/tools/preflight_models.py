@@ -98,6 +98,7 @@ def draft_config(context: Context):
         min(params.vocab.draft_vocab_size, provenance.vocab_size),
         params.train.intermediate_size,
         params.train.attention,
+        params.train.draft_layout,
     )
 
 

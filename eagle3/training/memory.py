@@ -37,7 +37,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config
 from eagle3.formats.provenance import default_aux_layer_ids
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
-from eagle3.params.train import TrainParams
+from eagle3.params.train import DraftLayout, TrainParams
 from eagle3.training.distributed import Dist
 from eagle3.training.objective import Objective, make_optimizer, train_step
 
@@ -261,9 +261,11 @@ class Estimator:
         )
 
 
-def draft_config_for(verifier_config: dict[str, Any], draft_vocab: int) -> DraftConfig:
+def draft_config_for(
+    verifier_config: dict[str, Any], draft_vocab: int, layout: DraftLayout | None = None
+) -> DraftConfig:
     """The draft the train stage shapes for this verifier config (vLLM's default aux layers, attention derived)."""
     layers = text_config(verifier_config).get("num_hidden_layers")
     if not isinstance(layers, int):
         raise Eagle3Error("verifier config.json: missing 'num_hidden_layers', needed to shape the draft")
-    return DraftConfig.from_verifier(verifier_config, tuple(default_aux_layer_ids(layers)), draft_vocab)
+    return DraftConfig.from_verifier(verifier_config, tuple(default_aux_layer_ids(layers)), draft_vocab, layout=layout)
