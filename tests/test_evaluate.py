@@ -67,9 +67,18 @@ def test_offline_walk_decodes_each_answer_as_vllm_does():
 
     answer = [False, False, True, True, True, True, True, False, False, True, True, True]
     leading = [3, 2, 0, 0, 3, 3, 3, 3, 0, 3, 3, 3]
-    walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0, 0, 0]}
+    walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0, 0, 0], "by_context": {}}
     _walk_answers(leading, answer, walk)
-    assert walk == {"output": 8, "accepted": 4, "drafts": 4, "by_position": [3, 1, 0]}
+    # Every draft follows fewer than 256 tokens: one bucket, holding all four drafts and their 4 accepted tokens.
+    assert walk == {"output": 8, "accepted": 4, "drafts": 4, "by_position": [3, 1, 0], "by_context": {0: [4, 4]}}
+
+
+def test_context_buckets_double_from_256():
+    from eagle3.modeling.offline_estimate import context_bucket
+
+    assert [context_bucket(n) for n in (0, 255, 256, 511, 512, 1500, 16384, 20000)] == [
+        0, 0, 256, 256, 512, 1024, 16384, 16384,
+    ]  # fmt: skip
 
 
 class _FakeRejectionSampler:

@@ -118,6 +118,7 @@ EVAL = {
         "mean_acceptance_length": 2.0,
         "acceptance_by_position": [0.6, 0.3, 0.1],
         "top1_agreement_by_position": [0.6, 0.5, 0.4],
+        "acceptance_by_context": [{"from_tokens": 0, "to_tokens": 256, "drafts": 60, "mean_acceptance_length": 2.0}],
         "vllm_tokens_per_step": 1.84,
         "gap": 0.06,
     },

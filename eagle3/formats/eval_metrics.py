@@ -92,6 +92,15 @@ class Lossless(_Record):
     dtype: str
 
 
+class ContextBucket(_Record):
+    """Drafts whose context (the tokens before the first drafted one) is in [from_tokens, to_tokens)."""
+
+    from_tokens: NonNegativeInt
+    to_tokens: NonNegativeInt
+    drafts: NonNegativeInt
+    mean_acceptance_length: float
+
+
 class OfflineEstimate(_Record):
     """Expected tokens per verifier step from held-out hidden states and the exported draft
     (eagle3/modeling/offline_estimate.py), beside vLLM's measured figure."""
@@ -105,6 +114,7 @@ class OfflineEstimate(_Record):
     mean_acceptance_length: float
     acceptance_by_position: list[float]
     top1_agreement_by_position: list[float]
+    acceptance_by_context: list[ContextBucket]
     vllm_tokens_per_step: float
     gap: float
 

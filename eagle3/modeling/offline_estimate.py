@@ -4,9 +4,10 @@ On the GPU in bf16 where there is one, over at most `evaluate.offline.max_tokens
 logits `chunk_tokens` positions at a time: the exported draft unrolled (training-time test) over the held-out
 hidden states; at each position the accepted length is the number of leading draft steps whose top-1 equals the
 verifier's top-1. Each answer is then decoded as vLLM decodes (`_walk_answers`), giving tokens per verifier step,
-mean acceptance length and acceptance by position computed as vLLM computes them. It is written beside the vLLM
-figure with the gap; what remains of the gap is the population (every turn of the held-out conversations vs the
-first `max_tokens` of the first turns).
+mean acceptance length and acceptance by position computed as vLLM computes them, and the mean acceptance length
+by context length (the tokens before each draft, in power-of-two buckets from 256: where long-context layouts
+differ). It is written beside the vLLM figure with the gap; what remains of the gap is the population (every
+turn of the held-out conversations vs the first `max_tokens` of the first turns).
 """
 
 from pathlib import Path
@@ -44,7 +45,7 @@ def offline_estimate(root: Path, steps: int, limits: OfflineEstimate) -> dict[st
     head = verifier.pop("lm_head").to(device=device, dtype=dtype)
     targets = draft_to_target(d2t).to(device)
     per_step_correct, positions, read = torch.zeros(steps), 0, 0
-    walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0] * steps}
+    walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0] * steps, "by_context": {}}
     provenance = read_provenance(root)
     made_for = {"hidden_size": provenance.hidden_size, "tokenizer_sha256": provenance.tokenizer_sha256}
     for sample in HiddenStateDataset(shards, made_for, provenance.vocab_size):
@@ -81,7 +82,25 @@ def offline_estimate(root: Path, steps: int, limits: OfflineEstimate) -> dict[st
         "mean_acceptance_length": round(1 + walk["accepted"] / max(walk["drafts"], 1), 4),
         "acceptance_by_position": [round(n / max(walk["drafts"], 1), 4) for n in walk["by_position"]],
         "top1_agreement_by_position": [round(float(c) / max(positions, 1), 4) for c in per_step_correct],
+        "acceptance_by_context": [
+            {
+                "from_tokens": low,
+                "to_tokens": 2 * low if low else FIRST_CONTEXT_BUCKET,
+                "drafts": drafts,
+                "mean_acceptance_length": round(1 + accepted / drafts, 4),
+            }
+            for low, (drafts, accepted) in sorted(walk["by_context"].items())
+        ],
     }
+
+
+# Context buckets: [0, 256), then [256, 512), [512, 1024), ... doubling.
+FIRST_CONTEXT_BUCKET = 256
+
+
+def context_bucket(tokens: int) -> int:
+    """The lower bound of the bucket holding a context of `tokens` tokens."""
+    return 0 if tokens < FIRST_CONTEXT_BUCKET else 1 << (tokens.bit_length() - 1)
 
 
 def _walk_answers(leading: list[int], answer: list[bool], walk: dict[str, Any]) -> None:
@@ -106,5 +125,9 @@ def _walk_answers(leading: list[int], answer: list[bool], walk: dict[str, Any]) 
             walk["accepted"] += accepted
             for i in range(accepted):
                 walk["by_position"][i] += 1
+            # The draft at `position` follows tokens 0 .. position + 1.
+            bucket = walk["by_context"].setdefault(context_bucket(position + 2), [0, 0])
+            bucket[0] += 1
+            bucket[1] += accepted
             position += accepted + 1
         start = end
