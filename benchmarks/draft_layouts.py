@@ -13,8 +13,11 @@ k=3 greedy on the held-out prompts and on each benchmark set, sampled at evaluat
 count; the offline estimate's tokens per step, its top-1 agreement at each draft position and its mean
 acceptance length by context length; training tokens/s.
 
+`--recipes` adds speculators' recipe differences on each layout: the output head frozen at the verifier's rows
+(train.freeze_lm_head), AdamW's beta2 at 0.999 (train.adam_beta2).
+
     python benchmarks/draft_layouts.py [--root .] [--layouts 2024 eagle3.1 speculators] [--seeds 0 1]
-        [--json results.json]
+        [--recipes default frozen-head beta2-0.999] [--json results.json]
 """
 
 import argparse
@@ -37,6 +40,9 @@ LAYOUTS = {
     "eagle3.1": {"fc_norm": True, "norm_output": True},
     "speculators": {"norm_before_fc": True, "norm_output": True, "norm_before_residual": True},
 }
+# Recipe differences from speculators' trainer, tried on a layout: its output head frozen at the verifier's rows,
+# its AdamW beta2.
+RECIPES = {"default": {}, "frozen-head": {"freeze_lm_head": True}, "beta2-0.999": {"adam_beta2": 0.999}}
 K = 3
 
 
@@ -49,13 +55,14 @@ def run_stage(work: Path, stage: str) -> float:
     return time.monotonic() - started
 
 
-def arm(root: Path, base: dict, layout: str, seed: int, scratch: Path) -> dict:
-    work = scratch / f"{layout}-seed{seed}"
+def arm(root: Path, base: dict, layout: str, recipe: str, seed: int, scratch: Path) -> dict:
+    name = layout if recipe == "default" else f"{layout}+{recipe}"
+    work = scratch / f"{name}-seed{seed}"
     for linked in LINKED:
         (work / linked).parent.mkdir(parents=True, exist_ok=True)
         (work / linked).symlink_to(root / linked)
     params = json.loads(json.dumps(base))
-    params["train"] = {**params["train"], "seed": seed, "draft_layout": LAYOUTS[layout]}
+    params["train"] = {**params["train"], **RECIPES[recipe], "seed": seed, "draft_layout": LAYOUTS[layout]}
     params["evaluate"] = {**params["evaluate"], "methods": ["none", "eagle3"], "num_speculative_tokens": [K]}
     params["evaluate"]["headline_k"] = K
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
@@ -68,7 +75,7 @@ def arm(root: Path, base: dict, layout: str, seed: int, scratch: Path) -> dict:
     sampled = next(r for (method, t), r in runs.items() if t > 0)
     offline = metrics["offline_estimate"]
     return {
-        "layout": layout,
+        "layout": name,
         "seed": seed,
         "heldout": metrics["headline"]["tokens_per_step_greedy"],
         **{name: entry["tokens_per_step"] for name, entry in metrics["headline"]["benchmarks"].items()},
@@ -122,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=Path("."))
     parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=list(LAYOUTS))
+    parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=["default"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -131,7 +139,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="eagle3-layouts-") as scratch:
         for seed in args.seeds:
             for layout in args.layouts:
-                results.append(arm(root, base, layout, seed, Path(scratch)))
+                for recipe in args.recipes:
+                    results.append(arm(root, base, layout, recipe, seed, Path(scratch)))
                 print(json.dumps(results[-1]), flush=True)
                 if args.json:
                     args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

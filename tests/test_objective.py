@@ -248,3 +248,37 @@ def test_gradient_clipping_is_torchs_with_the_norm_summed_in_fp64(max_norm):
     assert (norm > max_norm) == (max_norm == 0.5)  # one case clips, the other leaves the gradients alone
     for mine, other in zip(ours, theirs, strict=True):
         torch.testing.assert_close(mine.grad, other.grad, atol=0, rtol=1e-6)
+
+
+def test_a_frozen_head_gets_no_gradient_and_the_rest_the_same_gradients():
+    """train.freeze_lm_head: the fused loss skips the head's gradient; every other gradient is what a trained head's
+    step computes, so freezing changes nothing but the head."""
+    x, norm, weight, targets, picked, top1 = problem(rows=sum(SIZES), vocab=96, hidden=16)
+    loss, _, _ = fused(x, norm, weight, targets, picked, top1)
+    trained = torch.autograd.grad(loss, (x, norm.weight, weight))
+    frozen = weight.detach()
+    loss, _, _ = fused(x, norm, frozen, targets, picked, top1)
+    grad_x, grad_norm = torch.autograd.grad(loss, (x, norm.weight))
+    assert torch.equal(grad_x, trained[0]) and torch.equal(grad_norm, trained[1])
+
+
+def test_freeze_lm_head_and_adam_beta2_reach_the_optimizer():
+    from test_draft import VERIFIER
+
+    from eagle3.modeling.draft import DraftConfig
+    from eagle3.params.train import TrainParams
+    from eagle3.training.objective import init_draft, make_optimizer
+
+    config = DraftConfig.from_verifier(VERIFIER, (2, 6, 9), draft_vocab_size=40)
+    verifier = {"lm_head": torch.randn(100, 32)}
+    d2t = torch.zeros(40, dtype=torch.int64)
+    draft = init_draft(config, verifier, d2t, 0, freeze_lm_head=True)
+    optimizer = make_optimizer(draft, TrainParams(adam_beta2=0.999))
+    (group,) = optimizer.param_groups
+    assert group["betas"] == (0.9, 0.999)
+    assert not any(p is draft.lm_head.weight for p in group["params"])
+    assert len(group["params"]) == len(list(draft.parameters())) - 1
+    assert torch.equal(draft.lm_head.weight, verifier["lm_head"][:40])  # the verifier's rows, kept
+    trained = init_draft(config, verifier, d2t, 0)
+    assert make_optimizer(trained, TrainParams()).param_groups[0]["betas"] == (0.9, 0.95)
+    assert any(p is trained.lm_head.weight for p in make_optimizer(trained, TrainParams()).param_groups[0]["params"])

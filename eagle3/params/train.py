@@ -103,6 +103,11 @@ class TrainParams(Section):
     min_learning_rate: float = Field(1e-4, ge=0)
     warmup_steps: NonNegativeInt = 50
     weight_decay: float = Field(0.0, ge=0)
+    # AdamW's second-moment decay (its first is 0.9); speculators trains with 0.999.
+    adam_beta2: float = Field(0.95, gt=0, lt=1)
+    # The draft's output head stays at the verifier's rows of the draft vocabulary, as speculators trains it;
+    # false: it starts there and is trained.
+    freeze_lm_head: bool = False
     grad_clip: float = Field(1.0, gt=0)
     # stored: train on extract's training shards (data/hidden). streamed: the verifier computes each batch's states
     # just before its step (eagle3/training/streamed.py), with extract's backend and settings, so the training

@@ -167,7 +167,7 @@ def _fit(
     world.barrier()
 
     verifier = load_verifier_tensors(verifier_dir(root))
-    draft = init_draft(draft_config, verifier, vocab["d2t"], config.seed)
+    draft = init_draft(draft_config, verifier, vocab["d2t"], config.seed, config.freeze_lm_head)
     plan = BatchPlan(
         dataset.lengths,
         config.batch_size,

@@ -115,12 +115,18 @@ class Objective(nn.Module):
 
 
 def init_draft(
-    draft_config: DraftConfig, verifier: dict[str, torch.Tensor], d2t: torch.Tensor, seed: int
+    draft_config: DraftConfig,
+    verifier: dict[str, torch.Tensor],
+    d2t: torch.Tensor,
+    seed: int,
+    freeze_lm_head: bool = False,
 ) -> Eagle3Draft:
-    """A fresh draft, deterministic in `seed`, its lm_head started from the verifier's rows of the draft vocab."""
+    """A fresh draft, deterministic in `seed`, its lm_head started from the verifier's rows of the draft vocab (and
+    kept there with `freeze_lm_head`: no gradient, no AdamW state)."""
     torch.manual_seed(seed)
     draft = Eagle3Draft(draft_config)
     draft.init_weights(torch.Generator().manual_seed(seed), verifier["lm_head"][draft_to_target(d2t)])
+    draft.lm_head.weight.requires_grad_(not freeze_lm_head)
     return draft
 
 
@@ -155,7 +161,11 @@ def make_optimizer(draft: nn.Module, config: TrainParams) -> torch.optim.Optimiz
     # The fused kernel is faster than the per-parameter loop (benchmarks/train_step.py measures both); it exists
     # for CPU and CUDA and is as deterministic, so resume stays exact.
     return torch.optim.AdamW(
-        draft.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=config.weight_decay, fused=True
+        [p for p in draft.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        betas=(0.9, config.adam_beta2),
+        weight_decay=config.weight_decay,
+        fused=True,
     )
 
 

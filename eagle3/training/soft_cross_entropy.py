@@ -33,7 +33,9 @@ class SoftCrossEntropy(torch.autograd.Function):
         dtype = norm_dtype(norm, features)
         grad_features = torch.empty_like(features)
         grad_norm = torch.zeros(norm.shape, dtype=torch.float32, device=norm.device)
-        grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device)
+        # A frozen head (train.freeze_lm_head) needs no gradient: one matmul per chunk less.
+        head_grad = ctx.needs_input_grad[3]
+        grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if head_grad else None
         sums, correct = [], []
         start = 0
         for step, size in enumerate(sizes):
@@ -50,7 +52,8 @@ class SoftCrossEntropy(torch.autograd.Function):
                 step_sum += (lse * mass - (p * logits).sum(-1)).sum()
                 step_correct += (logits.argmax(-1) == top1[where]).sum()
                 grad_logits = (logits - lse[:, None]).exp_().mul_(mass[:, None]).sub_(p).to(x.dtype)
-                grad_head += (grad_logits.T @ x).float().mul_(scales[step])
+                if head_grad:
+                    grad_head += (grad_logits.T @ x).float().mul_(scales[step])
                 grad_x = grad_logits @ head.to(x.dtype)
                 grad_features[first:end], grad_step_norm = rms_norm_backward(grad_x, features[first:end], norm, inverse)
                 grad_norm += grad_step_norm.mul_(scales[step])
@@ -78,7 +81,7 @@ class SoftCrossEntropy(torch.autograd.Function):
             scaled,
             (grad_norm * grad_loss).to(norm_dtype_),
             None,
-            (grad_head * grad_loss).to(head_dtype),
+            (grad_head * grad_loss).to(head_dtype) if grad_head is not None else None,
             None,
             None,
             None,
