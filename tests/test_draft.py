@@ -319,26 +319,26 @@ def test_export_checks_each_switch_against_the_trained_layout(exported):
 
 
 @pytest.mark.slow
-def test_vllm_reads_the_exported_layers_and_layout_from_either_format(exported):
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_vllm_reads_the_exported_layers_and_layout_from_either_format(tmp_path, layout):
     """Both exports as vLLM's own config loaders read them: the captured layers its V2 model runner takes (the top
-    level only) and its V1 runner takes, the aux count that sizes fc, and every layout switch."""
+    level only) and its V1 runner takes, the aux count that sizes fc, and every layout switch as trained."""
     from types import SimpleNamespace
 
     from vllm.transformers_utils.config import get_config
     from vllm.transformers_utils.configs.eagle import EAGLEConfig
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
 
+    export_beside_verifier(tmp_path, tiny_draft(layout=layout), "bfloat16")
     for directory in ("draft", "speculators"):
-        config = get_config(str(exported / directory), trust_remote_code=False)
+        config = get_config(str(tmp_path / directory), trust_remote_code=False)
         if directory == "draft":  # as vLLM's SpeculativeConfig wraps a plain config for method eagle3
             config = EAGLEConfig(config, method="eagle3", model_type="eagle")
             assert config.eagle_config["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]  # the V1 runner's fallback
         runner = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=config))
         assert get_eagle3_aux_layers_from_config(runner) == (2, 6, 9), directory
         assert config.num_aux_hidden_states == 3, directory
-        switches = {key: getattr(config, key) for key in ("fc_norm", "norm_before_fc", "norm_output")}
-        assert switches == {"fc_norm": False, "norm_before_fc": False, "norm_output": False}, directory
-        assert config.norm_before_residual is False, directory
+        assert {key: getattr(config, key) for key in DraftLayout.model_fields} == layout.model_dump(), directory
 
 
 def test_validate_draft_accepts_a_valid_export(exported):
