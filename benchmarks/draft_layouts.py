@@ -141,9 +141,9 @@ def main() -> None:
             for layout in args.layouts:
                 for recipe in args.recipes:
                     results.append(arm(root, base, layout, recipe, seed, Path(scratch)))
-                print(json.dumps(results[-1]), flush=True)
-                if args.json:
-                    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+                    print(json.dumps(results[-1]), flush=True)
+                    if args.json:
+                        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print("\n" + "\n".join(summary(results)))
 
 
