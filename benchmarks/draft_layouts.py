@@ -22,15 +22,12 @@ acceptance length by context length; training tokens/s.
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
+from scratch_project import link, run_stage
 
 from eagle3.paths import BENCHMARKS_DIR, EVAL_METRICS, HIDDEN_DIR, PREPARED_DIR, TRAIN_LOG_DIR, VERIFIER_DIR, VOCAB_DIR
 
@@ -46,21 +43,10 @@ RECIPES = {"default": {}, "frozen-head": {"freeze_lm_head": True}, "beta2-0.999"
 K = 3
 
 
-def run_stage(work: Path, stage: str) -> float:
-    started = time.monotonic()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run([sys.executable, "-m", "eagle3.cli", stage], cwd=work, env=env)
-    if result.returncode:
-        raise SystemExit(f"eagle3 {stage} failed in {work} (exit {result.returncode})")
-    return time.monotonic() - started
-
-
 def arm(root: Path, base: dict, layout: str, recipe: str, seed: int, scratch: Path) -> dict:
     name = layout if recipe == "default" else f"{layout}+{recipe}"
     work = scratch / f"{name}-seed{seed}"
-    for linked in LINKED:
-        (work / linked).parent.mkdir(parents=True, exist_ok=True)
-        (work / linked).symlink_to(root / linked)
+    link(root, work, LINKED)
     params = json.loads(json.dumps(base))
     params["train"] = {**params["train"], **RECIPES[recipe], "seed": seed, "draft_layout": LAYOUTS[layout]}
     params["evaluate"] = {**params["evaluate"], "methods": ["none", "eagle3"], "num_speculative_tokens": [K]}

@@ -15,15 +15,12 @@ beside the lossless arm. Needs a project whose extract and vocab stages have run
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import yaml
+from scratch_project import link, run_stage
 
 from eagle3.formats.shards import STORAGES, ShardReader, ShardWriter, read_index, split_shards, write_index
 from eagle3.paths import (
@@ -62,15 +59,6 @@ def reencode(root: Path, work: Path, storage: str) -> dict[str, float]:
     return {"bytes_per_token": stored / tokens, "ratio_to_raw": raw * tokens / stored}
 
 
-def run_stage(work: Path, stage: str) -> float:
-    started = time.monotonic()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run([sys.executable, "-m", "eagle3.cli", stage], cwd=work, env=env)
-    if result.returncode:
-        raise SystemExit(f"eagle3 {stage} failed in {work} (exit {result.returncode})")
-    return time.monotonic() - started
-
-
 def loss_curve(work: Path) -> list[tuple[int, float]]:
     rows = (work / TRAIN_LOG_DIR / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()[1:]
     return [(int(step), float(loss)) for step, loss, *_ in (row.split("\t") for row in rows)]
@@ -78,9 +66,7 @@ def loss_curve(work: Path) -> list[tuple[int, float]]:
 
 def arm(root: Path, base: dict, storage: str, scratch: Path) -> dict:
     work = scratch / storage
-    for linked in LINKED:
-        (work / linked).parent.mkdir(parents=True, exist_ok=True)
-        (work / linked).symlink_to(root / linked)
+    link(root, work, LINKED)
     params = {**base, "extract": {**base.get("extract", {}), "storage": storage}}
     methods = [m for m in base.get("evaluate", {}).get("methods", ["none", "eagle3", "ngram"]) if m != "ngram"]
     params["evaluate"] = {**base.get("evaluate", {}), "methods": methods}
