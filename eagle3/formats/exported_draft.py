@@ -1,4 +1,6 @@
 """The exported draft: vLLM's classic EAGLE-3 format and the speculators format, written, validated and loaded here.
+One module on purpose, past ~450 lines: the writer, the loader and the validator share the format's typed keys,
+its layout switches and the vocab-map check; split, the contract would be stated in more than one place.
 
 models/draft/ (vLLM's classic EAGLE-3 format, llama_eagle3.py):
   config.json        LlamaForCausalLMEagle3, num_hidden_layers 1, vocab_size = the verifier's, draft_vocab_size,
