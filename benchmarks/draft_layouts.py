@@ -9,9 +9,10 @@ another in this process, so their training speeds are comparable. Needs a projec
 have run (default: this directory).
 
 Printed per arm, then per layout (mean over seeds, and the seeds' spread): vLLM's tokens per verifier step at
-k=3 greedy on the held-out prompts and on each benchmark set, sampled at evaluate.temperature, the lossless
-count; the offline estimate's tokens per step, its top-1 agreement at each draft position and its mean
-acceptance length by context length; training tokens/s.
+k=3 greedy on the held-out prompts, on each benchmark set and on the long-context probe (evaluate.long_context),
+sampled at evaluate.temperature, and by prompt tokens over every set's turns; the lossless count; the offline
+estimate's tokens per step, its top-1 agreement at each draft position and its mean acceptance length by context
+length; training tokens/s.
 
 `--recipes` adds speculators' recipe differences on each layout: the output head frozen at the verifier's rows
 (train.freeze_lm_head), AdamW's beta2 at 0.999 (train.adam_beta2).
@@ -29,9 +30,18 @@ from pathlib import Path
 import yaml
 from scratch_project import link, run_stage
 
-from eagle3.paths import BENCHMARKS_DIR, EVAL_METRICS, HIDDEN_DIR, PREPARED_DIR, TRAIN_LOG_DIR, VERIFIER_DIR, VOCAB_DIR
+from eagle3.paths import (
+    BENCHMARKS_DIR,
+    EVAL_METRICS,
+    HIDDEN_DIR,
+    PREPARED_DIR,
+    SYNTHETIC_DIR,
+    TRAIN_LOG_DIR,
+    VERIFIER_DIR,
+    VOCAB_DIR,
+)
 
-LINKED = (VERIFIER_DIR, PREPARED_DIR, BENCHMARKS_DIR, HIDDEN_DIR, VOCAB_DIR)
+LINKED = (VERIFIER_DIR, PREPARED_DIR, BENCHMARKS_DIR, SYNTHETIC_DIR, HIDDEN_DIR, VOCAB_DIR)
 LAYOUTS = {
     "2024": {},
     "eagle3.1": {"fc_norm": True, "norm_output": True},
@@ -59,6 +69,10 @@ def arm(root: Path, base: dict, layout: str, recipe: str, seed: int, scratch: Pa
     training = json.loads((work / TRAIN_LOG_DIR / "metrics.json").read_text())
     runs = {(r["method"], r["temperature"]): r for r in metrics["runs"] if r["method"] == "eagle3"}
     sampled = next(r for (method, t), r in runs.items() if t > 0)
+    greedy = runs[("eagle3", 0.0)]
+    long_context = next(
+        r for r in metrics["long_context"]["results"] if r["method"] == "eagle3" and r["temperature"] == 0
+    )
     offline = metrics["offline_estimate"]
     return {
         "layout": name,
@@ -66,12 +80,17 @@ def arm(root: Path, base: dict, layout: str, recipe: str, seed: int, scratch: Pa
         "heldout": metrics["headline"]["tokens_per_step_greedy"],
         **{name: entry["tokens_per_step"] for name, entry in metrics["headline"]["benchmarks"].items()},
         "heldout_sampled": sampled["tokens_per_step"],
+        "long_context": long_context["tokens_per_step"],
         "lossless": metrics["headline"]["lossless_greedy"],
         "offline": offline["tokens_per_step"],
         "offline_top1": offline["top1_agreement_by_position"],
         "offline_by_context": {
             f"{b['from_tokens']}-{b['to_tokens']}": (b["mean_acceptance_length"], b["drafts"])
             for b in offline["acceptance_by_context"]
+        },
+        "vllm_by_context": {
+            f"{b['from_tokens']}-{b['to_tokens']}": (b["tokens_per_step"], b["completions"])
+            for b in greedy["all_sets_by_context"]
         },
         "train_tokens_per_s": training["tokens_per_s_this_run"],
         "train_s": round(train_s, 1),
@@ -87,7 +106,8 @@ def summary(results: list[dict]) -> list[str]:
     """Per layout: the mean over seeds, ± half the seeds' spread; the ratio to the first layout's mean."""
     layouts = list(dict.fromkeys(r["layout"] for r in results))
     by_layout = {name: [r for r in results if r["layout"] == name] for name in layouts}
-    sets = [k for k in results[0] if k not in {"layout", "seed", "lossless", "offline_top1", "offline_by_context"}]
+    tables = {"offline_by_context", "vllm_by_context"}
+    sets = [k for k in results[0] if k not in {"layout", "seed", "lossless", "offline_top1"} | tables]
     lines = ["layout | seeds | " + " | ".join(sets) + " | offline top-1 by position"]
     first = by_layout[layouts[0]]
     for name, arms in by_layout.items():
@@ -98,16 +118,20 @@ def summary(results: list[dict]) -> list[str]:
             cells.append(f"{_cell(values)} x{statistics.fmean(values) / baseline:.3f}")
         top1 = [statistics.fmean(r["offline_top1"][i] for r in arms) for i in range(K)]
         lines.append(f"{name} | {len(arms)} | " + " | ".join(cells) + " | " + " / ".join(f"{a:.3f}" for a in top1))
-    lines.append("")
-    buckets = sorted({b for r in results for b in r["offline_by_context"]}, key=lambda b: int(b.split("-")[0]))
-    lines.append("layout | offline mean acceptance length by context tokens: " + " | ".join(buckets))
-    for name, arms in by_layout.items():
-        cells = []
-        for bucket in buckets:
-            values = [r["offline_by_context"][bucket][0] for r in arms if bucket in r["offline_by_context"]]
-            drafts = sum(r["offline_by_context"].get(bucket, (0, 0))[1] for r in arms)
-            cells.append(f"{_cell(values)} ({drafts} drafts)" if values else "n/a")
-        lines.append(f"{name} | " + " | ".join(cells))
+    for key, what, counted in (
+        ("vllm_by_context", "vLLM tokens per step (k=3 greedy, every set's turns) by prompt tokens", "turns"),
+        ("offline_by_context", "offline mean acceptance length by context tokens", "drafts"),
+    ):
+        lines.append("")
+        buckets = sorted({b for r in results for b in r[key]}, key=lambda b: int(b.split("-")[0]))
+        lines.append(f"layout | {what}: " + " | ".join(buckets))
+        for name, arms in by_layout.items():
+            cells = []
+            for bucket in buckets:
+                values = [r[key][bucket][0] for r in arms if bucket in r[key]]
+                count = sum(r[key].get(bucket, (0, 0))[1] for r in arms)
+                cells.append(f"{_cell(values)} ({count} {counted})" if values else "n/a")
+            lines.append(f"{name} | " + " | ".join(cells))
     return lines
 
 

@@ -66,6 +66,17 @@ class Params(Section):
                 f"evaluate.vllm.max_model_len: {evaluate.vllm.max_model_len} leaves no room for a prompt beside "
                 f"evaluate.max_tokens ({evaluate.max_tokens}); raise it above {evaluate.max_tokens}"
             )
+        probe = evaluate.long_context
+        if (
+            evaluate.backend == "engines"
+            and probe
+            and probe.context_tokens + evaluate.max_tokens > evaluate.vllm.max_model_len
+        ):
+            raise ValueError(
+                f"evaluate.long_context.context_tokens: {probe.context_tokens} prompt tokens and an answer of "
+                f"evaluate.max_tokens ({evaluate.max_tokens}) exceed evaluate.vllm.max_model_len "
+                f"({evaluate.vllm.max_model_len}); lower it or raise evaluate.vllm.max_model_len"
+            )
         missing = [split for split in self.extract.splits if split not in self.generate.splits]
         if missing:
             raise ValueError(

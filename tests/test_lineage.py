@@ -89,6 +89,20 @@ def _eval_run(method: str, k: int | None, tokens_per_step: float, length: float 
         "acceptance_by_position": by_position,
         "lossless_identical": None if method == "none" else 2,
         "all_sets_output_tokens": 100,
+        "all_sets_by_context": [
+            {
+                "from_tokens": 0,
+                "to_tokens": 256,
+                "prompts": 2,
+                "completions": 2,
+                "output_tokens": 100,
+                "tokens_per_step": tokens_per_step,
+                "tokens_per_step_ci95": None,
+                "mean_acceptance_length": length,
+                "mean_acceptance_length_ci95": None,
+                "acceptance_by_position": by_position,
+            }
+        ],
         "output_tokens_per_s": rate,
         "seconds": round(100 / rate, 3),
     }
@@ -124,6 +138,7 @@ EVAL = {
     },
     "mla": None,
     "benchmarks": {},
+    "long_context": None,
     "later_turns_follow": "none",
     "prompts": {"split": "heldout", "count": 2, "prompt_hashes": ["a" * 64, "b" * 64]},
     "max_tokens": 64,
@@ -373,6 +388,8 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     ) in card
     assert "| eagle3 | 3 | 0.0 | 2 | 100 | 1.84 | 2.10 | 0.60, 0.40, 0.20 |" in card
     assert "| heldout | 2 (2) | 0.0 | 2.10 | 1.84 | 1.27 | 3 |" in card
+    # By context length: the draft's greedy run at the headline k, not n-gram's (1.90, 1.27) beside it.
+    assert "| 0-256 | 2 | 2.10 | 1.84 |" in card and "with the long-context probe" not in card
     assert f"| bench | `prompts/bench.jsonl` | `{bench_sha256}` | mit | 0 | 2 / 2 |" in card
     assert "Measured with in-process vllm 0.0.2 engines (cpu)" in card
     assert f"| `bench` | `prompts/bench.jsonl` | mit | `{bench_sha256}` | 2 | 0 | 2 |" in markdown

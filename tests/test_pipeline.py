@@ -169,6 +169,7 @@ def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
     )
     assert headline["ngram_tokens_per_step_greedy"] == runs[("ngram", 3, 0.0)]["tokens_per_step"]
     check_benchmarks(metrics, set(runs))
+    check_long_context(root, metrics, set(runs))
     offline = metrics["offline_estimate"]
     assert offline["positions"] > 0 and 1.0 <= offline["tokens_per_step"] <= 4.0
     assert offline["gap"] == round(offline["tokens_per_step"] - draft["tokens_per_step"], 4)
@@ -235,6 +236,36 @@ def check_benchmarks(metrics: dict, configurations: set) -> None:
     whole = next(r for r in mt_bench["results"] if greedy_draft(r))
     for key in ("output_tokens", "accepted_tokens", "num_drafts"):
         assert sum(r[key] for r in by_category) == whole[key], key
+
+
+def check_long_context(root: Path, metrics: dict, configurations: set) -> None:
+    """The smoke params' long-context probe (2 probes of at most 384 prompt tokens) and every run's turns by prompt
+    length: the buckets hold every turn of every set once, and the probe's turns in the bucket of their length."""
+    probe = metrics["long_context"]
+    assert probe["context_tokens"] == 384 and len(probe["probes"]) == 2
+    heldout = {record["prompt_hash"] for record in iter_records(root, "heldout")}
+    for entry in probe["probes"]:
+        # Several held-out conversations chained, none twice, each one of the held-out split's.
+        assert len(entry["prompt_hashes"]) >= 3 and len(set(entry["prompt_hashes"])) == len(entry["prompt_hashes"])
+        assert set(entry["prompt_hashes"]) <= heldout and 256 <= entry["prompt_tokens"] <= 384
+    results = {(r["method"], r["k"], r["temperature"]): r for r in probe["results"]}
+    assert set(results) == configurations and all(r["completions"] == 2 for r in results.values())
+    assert results[("eagle3", 3, 0.0)]["lossless_identical"] == 2
+    turns = (
+        metrics["runs"][0]["completions"]
+        + sum(r["completions"] for entry in metrics["benchmarks"].values() for r in entry["results"][:1])
+        + 2
+    )
+    for run in metrics["runs"]:
+        buckets = run["all_sets_by_context"]
+        assert [b["from_tokens"] for b in buckets] == sorted(b["from_tokens"] for b in buckets)
+        assert sum(b["completions"] for b in buckets) == turns, (run["method"], run["k"])
+        assert sum(b["output_tokens"] for b in buckets) == run["all_sets_output_tokens"]
+        # Both probes (>= 256 prompt tokens) are in the [256, 512) bucket with nothing shorter.
+        assert buckets[0]["from_tokens"] == 0 and buckets[-1]["from_tokens"] == 256
+        assert buckets[-1]["completions"] >= 2 and buckets[-1]["to_tokens"] == 512
+        if run["method"] == "none":
+            assert all(b["tokens_per_step"] == 1.0 for b in buckets)
 
 
 def check_environments(root: Path) -> None:

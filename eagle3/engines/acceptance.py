@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from eagle3.formats.eval_metrics import context_bucket, context_bucket_end
+
 RESAMPLES = 2000
 
 
@@ -101,6 +103,24 @@ def figures(units: list[list[dict[str, Any]]], speculates: bool, seed: int) -> d
             lengths = np.where(sampled_drafts > 0, 1 + sampled_accepted / sampled_drafts, np.nan)
         if total_drafts:
             result["mean_acceptance_length_ci95"] = _interval(lengths)
+    return result
+
+
+def figures_by_context(completions: list[dict[str, Any]], speculates: bool, seed: int) -> list[dict[str, Any]]:
+    """`figures` of the completions in each context bucket of their prompt tokens, lowest first; a bucket's units
+    are its conversations (each with its turns that fall in the bucket)."""
+    buckets: dict[int, dict[int, list[dict[str, Any]]]] = {}
+    for completion in completions:
+        bucket = buckets.setdefault(context_bucket(completion["prompt_tokens"]), {})
+        bucket.setdefault(completion["conversation"], []).append(completion)
+    kept = (
+        "prompts", "completions", "output_tokens", "tokens_per_step", "tokens_per_step_ci95",
+        "mean_acceptance_length", "mean_acceptance_length_ci95", "acceptance_by_position",
+    )  # fmt: skip
+    result = []
+    for low in sorted(buckets):
+        found = figures(list(buckets[low].values()), speculates, seed)
+        result.append({"from_tokens": low, "to_tokens": context_bucket_end(low), **{key: found[key] for key in kept}})
     return result
 
 

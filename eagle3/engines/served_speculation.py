@@ -292,7 +292,8 @@ class ServerClient:
         )
 
     def _completion(self, payload: Any) -> dict[str, Any]:
-        """Token ids, text and (speculating servers) the request's own acceptance of one chat completion."""
+        """Token ids, prompt length, text and (speculating servers) the request's own acceptance of one chat
+        completion."""
         where = f"evaluate: {self.served.url} ({self.served.label})"
         choices = payload.get("choices") if isinstance(payload, dict) else None
         choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
@@ -303,10 +304,14 @@ class ServerClient:
             raise Eagle3Error(
                 f"{where} returned no token ids (return_token_ids needs vLLM >= 0.10.2); upgrade the server"
             )
+        usage = payload.get("usage")
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool) or prompt_tokens < 0:
+            raise Eagle3Error(f"{where} returned a completion without usage.prompt_tokens; is it a vLLM server?")
         message = choice.get("message")
         text = (message.get("content") if isinstance(message, dict) else None) or ""
         if self.served.method == "none":
-            return {"token_ids": token_ids, "text": text, "spec": None}
+            return {"token_ids": token_ids, "prompt_tokens": prompt_tokens, "text": text, "spec": None}
         metrics = payload.get("metrics")
         summary = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
         summary = summary if isinstance(summary, dict) else {}
@@ -323,6 +328,7 @@ class ServerClient:
             )
         return {
             "token_ids": token_ids,
+            "prompt_tokens": prompt_tokens,
             "text": text,
             "spec": {"histogram": histogram, "draft_tokens": drafted, "steps": steps},
         }

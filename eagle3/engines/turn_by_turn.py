@@ -1,5 +1,5 @@
 """Asking conversations turn by turn on any engine: evaluate's in-process vLLM (eagle3/engines/speculative.py) and
-running servers (eagle3/stages/evaluate.py, ServerMeasurer) share this loop.
+running servers (eagle3/engines/measurers.py, ServerMeasurer) share this loop.
 
 Every conversation's turn t goes in one batch per sampling setting, t = 0, 1, ...; turn t > 0 follows the answers
 given for the earlier turns (the reference's, eagle3/chat/benchmark_prompts.py), or, given none, the answers of

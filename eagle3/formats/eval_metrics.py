@@ -21,6 +21,20 @@ from eagle3.paths import EVAL_METRICS
 # 95% interval, [low, high].
 Interval = Annotated[list[float], Field(min_length=2, max_length=2)]
 
+# Context-length buckets, for the offline estimate's drafts and vLLM's turns alike: [0, 256), then [256, 512),
+# [512, 1024), ... doubling.
+FIRST_CONTEXT_BUCKET = 256
+
+
+def context_bucket(tokens: int) -> int:
+    """The lower bound of the bucket holding a context of `tokens` tokens."""
+    return 0 if tokens < FIRST_CONTEXT_BUCKET else 1 << (tokens.bit_length() - 1)
+
+
+def context_bucket_end(low: int) -> int:
+    """The (exclusive) upper bound of the bucket starting at `low`."""
+    return 2 * low if low else FIRST_CONTEXT_BUCKET
+
 
 class _Record(BaseModel):
     # Strict: a figure written as a string ("1.27") is an error, not a number.
@@ -53,11 +67,30 @@ class Figures(_Record):
     lossless_identical: NonNegativeInt | None
 
 
+class ContextFigures(_Record):
+    """One configuration's turns, over every prompt set of its run, whose prompt (the context before the answer's
+    first token, as the verifier's tokenizer counts it) has from_tokens <= tokens < to_tokens. The 95% intervals
+    resample the conversations that have turns in the bucket."""
+
+    from_tokens: NonNegativeInt
+    to_tokens: NonNegativeInt
+    prompts: NonNegativeInt
+    completions: NonNegativeInt
+    output_tokens: NonNegativeInt
+    tokens_per_step: float
+    tokens_per_step_ci95: Interval | None
+    mean_acceptance_length: float | None
+    mean_acceptance_length_ci95: Interval | None
+    acceptance_by_position: list[float]
+
+
 class Run(Figures):
     """A held-out `runs` entry: its figures, and the configuration's whole run over every set (they share
     batches)."""
 
     all_sets_output_tokens: NonNegativeInt
+    # Where long context changes acceptance: every set's turns (the long-context probe's included) by prompt length.
+    all_sets_by_context: list[ContextFigures]
     output_tokens_per_s: float | None
     seconds: float
 
@@ -132,6 +165,22 @@ class Benchmark(_Record):
     categories: dict[str, list[Figures]]
 
 
+class Probe(_Record):
+    # The prompt's tokens, as the verifier's tokenizer counts the chat template's rendering.
+    prompt_tokens: NonNegativeInt
+    # The held-out conversations chained into its history, then the one whose first user turn it asks, in order.
+    prompt_hashes: list[str]
+
+
+class LongContext(_Record):
+    """The long-context probe (eagle3/chat/long_context.py): held-out conversations chained, with the verifier's
+    own answers, into one history of up to `context_tokens` tokens, then a held-out question asked after it."""
+
+    context_tokens: NonNegativeInt
+    probes: list[Probe]
+    results: list[Figures]
+
+
 class Prompts(_Record):
     split: Literal["heldout"]
     count: NonNegativeInt
@@ -142,10 +191,13 @@ class EvalMetrics(_Record):
     headline: Headline
     lossless: Lossless
     offline_estimate: OfflineEstimate
-    # An MLA verifier's attention in vLLM (evaluate's mla_in_vllm); null: not an MLA verifier, or on servers.
+    # An MLA verifier's attention in vLLM (mla_in_vllm, eagle3/engines/measurers.py); null: not an MLA verifier,
+    # or on servers.
     mla: dict[str, Any] | None
     runs: list[Run] = Field(min_length=1)
     benchmarks: dict[str, Benchmark]
+    # null: evaluate.long_context is off.
+    long_context: LongContext | None
     # What the later turns of multi-turn sets followed: the verifier's own greedy answers (the none run), or,
     # without a none run, each configuration's own greedy answers.
     later_turns_follow: Literal["none", "each configuration's own"]

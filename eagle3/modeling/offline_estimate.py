@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from eagle3.formats.eval_metrics import context_bucket, context_bucket_end
 from eagle3.formats.exported_draft import load_exported_draft
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import read_provenance, verifier_dir
@@ -85,22 +86,13 @@ def offline_estimate(root: Path, steps: int, limits: OfflineEstimate) -> dict[st
         "acceptance_by_context": [
             {
                 "from_tokens": low,
-                "to_tokens": 2 * low if low else FIRST_CONTEXT_BUCKET,
+                "to_tokens": context_bucket_end(low),
                 "drafts": drafts,
                 "mean_acceptance_length": round(1 + accepted / drafts, 4),
             }
             for low, (drafts, accepted) in sorted(walk["by_context"].items())
         ],
     }
-
-
-# Context buckets: [0, 256), then [256, 512), [512, 1024), ... doubling.
-FIRST_CONTEXT_BUCKET = 256
-
-
-def context_bucket(tokens: int) -> int:
-    """The lower bound of the bucket holding a context of `tokens` tokens."""
-    return 0 if tokens < FIRST_CONTEXT_BUCKET else 1 << (tokens.bit_length() - 1)
 
 
 def _walk_answers(leading: list[int], answer: list[bool], walk: dict[str, Any]) -> None:

@@ -72,6 +72,15 @@ class OfflineEstimate(Section):
     chunk_tokens: PositiveInt = execution_only(1024)
 
 
+class LongContextProbe(Section):
+    """Where acceptance at long context is measured: held-out conversations chained, with the verifier's own answers
+    (generate's held-out split), into histories of up to context_tokens, each followed by another held-out question
+    (eagle3/chat/long_context.py)."""
+
+    conversations: PositiveInt = Field(description="probes asked")
+    context_tokens: PositiveInt = Field(description="a probe's prompt tokens at most (the answer adds max_tokens)")
+
+
 class EvaluateParams(Section):
     # engines: a fresh in-process vLLM engine per configuration (CPU, small models); servers: running vLLM servers.
     backend: Literal["engines", "servers"] = "engines"
@@ -94,6 +103,8 @@ class EvaluateParams(Section):
     vllm: EvalEngine = EvalEngine()
     servers: Servers | None = None
     offline: OfflineEstimate = OfflineEstimate()
+    # null: no long-context probe; the turns of the other sets are still reported by prompt length.
+    long_context: LongContextProbe | None = None
 
     @field_validator("num_speculative_tokens")
     @classmethod

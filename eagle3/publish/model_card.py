@@ -121,14 +121,18 @@ def benchmark_rows(metrics: EvalMetrics, benchmarks: list[dict[str, Any]]) -> li
     and sampled, with n-gram's beside them."""
     k = metrics.headline.k
     licenses_by_name = {b["name"]: b.get("license") for b in benchmarks}
+    labels = {"heldout": "heldout", **{name: f"{name} ({licenses_by_name.get(name)})" for name in metrics.benchmarks}}
     sets = {"heldout": metrics.runs, **{name: entry.results for name, entry in metrics.benchmarks.items()}}
+    if metrics.long_context is not None:
+        label = f"long-context probe (held-out, up to {metrics.long_context.context_tokens:,} prompt tokens)"
+        labels[label], sets[label] = label, metrics.long_context.results
     rows = []
     for name, results in sets.items():
         for draft in (r for r in results if r.method == "eagle3" and r.k == k):
             ngram = next(
                 (r for r in results if r.method == "ngram" and r.k == k and r.temperature == draft.temperature), None
             )
-            label = name if name == "heldout" else f"{name} ({licenses_by_name.get(name)})"
+            label = labels[name]
             rows.append({"label": label, "draft": draft, "ngram": ngram})
     return rows
 
@@ -188,6 +192,7 @@ def render(
         draft_runs=draft_runs,
         measured_with=measured_with(metrics.environment),
         benchmark_rows=benchmark_rows(metrics, benchmarks),
+        context_rows=metrics.greedy_run("eagle3", metrics.headline.k).all_sets_by_context,
         benchmarks=[
             {
                 **item,

