@@ -121,18 +121,19 @@ def benchmark_rows(metrics: EvalMetrics, benchmarks: list[dict[str, Any]]) -> li
     and sampled, with n-gram's beside them."""
     k = metrics.headline.k
     licenses_by_name = {b["name"]: b.get("license") for b in benchmarks}
-    labels = {"heldout": "heldout", **{name: f"{name} ({licenses_by_name.get(name)})" for name in metrics.benchmarks}}
-    sets = {"heldout": metrics.runs, **{name: entry.results for name, entry in metrics.benchmarks.items()}}
+    sets = {
+        "heldout": metrics.runs,
+        **{f"{name} ({licenses_by_name.get(name)})": entry.results for name, entry in metrics.benchmarks.items()},
+    }
     if metrics.long_context is not None:
-        label = f"long-context probe (held-out, up to {metrics.long_context.context_tokens:,} prompt tokens)"
-        labels[label], sets[label] = label, metrics.long_context.results
+        probe = f"long-context probe (held-out, up to {metrics.long_context.context_tokens:,} prompt tokens)"
+        sets[probe] = metrics.long_context.results
     rows = []
-    for name, results in sets.items():
+    for label, results in sets.items():
         for draft in (r for r in results if r.method == "eagle3" and r.k == k):
             ngram = next(
                 (r for r in results if r.method == "ngram" and r.k == k and r.temperature == draft.temperature), None
             )
-            label = labels[name]
             rows.append({"label": label, "draft": draft, "ngram": ngram})
     return rows
 
