@@ -172,7 +172,7 @@ def summarize(
 
 
 def _run_record(
-    summary: dict[str, Any], outcome: dict[str, Any], method: str, k: int | None, config: EvaluateParams
+    summary: dict[str, Any], outcome: dict[str, Any], method: str, k: int | None, seed: int
 ) -> dict[str, Any]:
     """A held-out `runs` entry: its figures, the wall time of the configuration's whole run (every set: they share
     its batches) with the output tokens/s over all of them, and every set's turns by prompt length."""
@@ -186,7 +186,7 @@ def _run_record(
     return {
         **summary,
         "all_sets_output_tokens": tokens,
-        "all_sets_by_context": figures_by_context(outcome["completions"], method != "none", config.seed),
+        "all_sets_by_context": figures_by_context(outcome["completions"], method != "none", seed),
         "output_tokens_per_s": round(tokens / outcome["seconds"], 1) if outcome["seconds"] > 0 else None,
         "seconds": outcome["seconds"],
     }
@@ -198,11 +198,9 @@ def run(params: Params, root: Path, options=None) -> None:
     draft_dir = root / DRAFT_DIR
     if not (draft_dir / "config.json").is_file():
         raise Eagle3Error(f"{draft_dir}: no exported draft; run `dvc repro export` (or `eagle3 export`) first")
-    sets = prompt_sets(root, config)
-    heldout, benchmark_sets = sets[0], sets[1:]
+    heldout, *benchmark_sets = prompt_sets(root, config)
     probe = long_context_set(root, config, provenance)
-    if probe is not None:
-        sets.append(probe)
+    sets = [heldout, *benchmark_sets] + ([probe] if probe is not None else [])
     conversations = [c for prompt_set in sets for c in prompt_set.conversations]
     if config.backend == "servers":
         measurer = ServerMeasurer(config)
@@ -232,7 +230,9 @@ def run(params: Params, root: Path, options=None) -> None:
         for outcome, compared in zip(outcomes, [reference] + [None] * (len(outcomes) - 1), strict=True):
             units = _units(sets, outcome["completions"])
             runs.append(
-                _run_record(summarize(method, k, outcome, units[0], compared, config.seed), outcome, method, k, config)
+                _run_record(
+                    summarize(method, k, outcome, units[0], compared, config.seed), outcome, method, k, config.seed
+                )
             )
             for prompt_set, set_units in zip(benchmark_sets, units[1 : 1 + len(benchmark_sets)], strict=True):
                 entry = by_set[prompt_set.name]
