@@ -107,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
             parents=[params],
         )
     )
+    from eagle3.tools import server
+
+    server.add_arguments(
+        _command(
+            commands,
+            "server",
+            "start a model server (`vllm serve`) in the background and wait until it answers, or stop it",
+            parents=[params],
+        )
+    )
     return parser
 
 
@@ -144,13 +154,22 @@ def main(argv: list[str] | None = None) -> int:
             from eagle3.tools import repair
 
             return repair.main(args, root)
+        elif args.command == "server":  # not a stage: the servers generate and evaluate talk to
+            from eagle3.tools import server
+
+            return server.main(args, root)
         else:
-            from eagle3.config import check_against_verifier, load_params
+            from eagle3.config import check_against_verifier, check_license_gate, load_params
+            from eagle3.tools.plan_memory import check_gpu_memory
 
             params = load_params(args.params)
-            check_against_verifier(params, args.params)
+            notes = check_against_verifier(params, args.params)
+            notes += check_gpu_memory(params, args.params)
+            notes.append(check_license_gate(params, args.params))
             for warning in params.warnings():
                 print(f"eagle3 check: warning: {args.params.name}: {warning}", file=sys.stderr)
+            for note in notes:
+                print(f"eagle3 check: {note}", file=sys.stderr)
             print(json.dumps(params.model_dump(mode="json"), indent=2))
     except Eagle3Error as exc:
         print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)

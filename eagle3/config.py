@@ -105,15 +105,30 @@ def load_params(path: Path | str = "params.yaml") -> Params:
     return validate(read_yaml(path), Params, path)
 
 
-def check_against_verifier(params: Params, path: Path) -> None:
-    """What needs the verifier's shape (the verifier stage's record, where it has run): Eagle3Error naming the key."""
+def configured_verifier(params: Params) -> str:
+    """The public name of the verifier the params configure, as the verifier stage records it."""
+    source = params.verifier.source
+    return source.name if source.kind == "local" else source.upstream_model
+
+
+def check_against_verifier(params: Params, path: Path) -> list[str]:
+    """What needs the verifier's shape, against the verifier stage's record where it describes the configured
+    verifier: Eagle3Error naming the key. Returns what could not be checked, one line each (no record yet, or the
+    record of another verifier, e.g. the embedded default's left by `make repro`)."""
     from eagle3.formats.provenance import read_provenance
     from eagle3.paths import PROVENANCE
 
     root = path.resolve().parent
+    unchecked = "vocab.draft_vocab_size and extract.max_seq_len are not checked against the verifier's shape"
     if not (root / PROVENANCE).is_file():
-        return
+        return [f"{PROVENANCE.as_posix()} is missing (`dvc repro verifier` writes it): {unchecked}"]
     provenance = read_provenance(root)
+    configured = configured_verifier(params)
+    if provenance.name != configured:
+        return [
+            f"{PROVENANCE.as_posix()} describes {provenance.name}, not the configured {configured} (`dvc repro "
+            f"verifier` records it): {unchecked}"
+        ]
     if params.vocab.draft_vocab_size > provenance.vocab_size:
         raise Eagle3Error(
             f"{path}: vocab.draft_vocab_size: {params.vocab.draft_vocab_size} exceeds the verifier's vocabulary "
@@ -124,3 +139,27 @@ def check_against_verifier(params: Params, path: Path) -> None:
             f"{path}: extract.max_seq_len: {params.extract.max_seq_len} exceeds the verifier's context "
             f"(max_position_embeddings {provenance.max_position_embeddings}); lower it"
         )
+    return []
+
+
+def check_license_gate(params: Params, path: Path) -> str:
+    """The report stage's license gate (eagle3/publish/licenses.py) on the licenses the params declare: the
+    verifier's, each prompt source's and each sub-source's in report.sub_source_licenses. Eagle3Error naming what
+    blocks publishing and the override to write; else the line saying what passed."""
+    from eagle3.publish.licenses import LicensedInput, gate
+
+    inputs = [LicensedInput("verifier", configured_verifier(params), params.verifier.source.license)]
+    inputs += [LicensedInput("dataset", source.name, source.license) for source in params.prepare.sources]
+    inputs += [
+        LicensedInput("sub-source", name, license) for name, license in params.report.sub_source_licenses.items()
+    ]
+    try:
+        decisions = gate(inputs, params.report.license_overrides)
+    except Eagle3Error as exc:
+        raise Eagle3Error(f"{path}: report: {exc}") from None
+    overridden = [d["license"] for d in decisions if d["override_reason"]]
+    return (
+        f"license gate: {len(decisions)} declared input licenses allow publishing"
+        + (f" ({', '.join(overridden)} by report.license_overrides)" if overridden else "")
+        + "; the report stage also checks the sub-sources prepare finds"
+    )

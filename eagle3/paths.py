@@ -62,6 +62,8 @@ EVAL_METRICS = METRICS_DIR / "eval.json"
 EVAL_PLOTS_DIR = METRICS_DIR / "eval"
 EVAL_FIGURE = REPORTS_DIR / "eval.png"
 EVAL_BENCHMARKS_FIGURE = REPORTS_DIR / "eval_benchmarks.png"
+# What evaluate has measured so far, kept for its next run (eagle3/formats/evaluation_kept.py); never an output.
+EVALUATION_KEPT_DIR = Path(".eagle3/evaluation")
 
 # Throughput of the last run that did work, outside DVC's outputs (eagle3/resume.py: measured_run).
 LAST_RUN_DIR = Path(".eagle3/last_run")

@@ -110,6 +110,15 @@ def ran_stages(output: str, root: Path, expected: set[str]) -> None:
                     assert ran.index(earlier) < ran.index(later), f"{later} ran before {earlier}, whose output it reads"
 
 
+def committed(path: str) -> str:
+    """The file at `path` as the checked-out commit holds it: `make repro` rewrites the workspace's copy on another
+    kind of CPU (other bf16 rounding, other answers), and the docs quote the committed record."""
+    result = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:  # not a git checkout (an unpacked archive): the files are what was shipped
+        return (REPO / path).read_text()
+    return result.stdout
+
+
 def smoke_params() -> dict:
     return yaml.safe_load(SMOKE_PARAMS.read_text())
 

@@ -356,7 +356,7 @@ def test_settings_that_usually_mean_a_mistake_are_warned_about_naming_the_keys(t
 def test_what_the_verifier_bounds_is_refused_before_any_stage_runs(tmp_path, change, message):
     from eagle3.config import check_against_verifier
 
-    write_fake_provenance(tmp_path)
+    write_fake_provenance(tmp_path, name="HuggingFaceTB/SmolLM2-135M-Instruct")
     path = write_params(tmp_path, _set(smoke_params(), *change))
     with pytest.raises(Eagle3Error) as caught:
         check_against_verifier(load_params(path), path)
@@ -365,3 +365,57 @@ def test_what_the_verifier_bounds_is_refused_before_any_stage_runs(tmp_path, cha
     assert result.stderr.strip().splitlines()[-1] == f"eagle3 vocab: error: params.yaml: {message}"
     assert result.returncode == 2
     assert not (tmp_path / "data").exists()
+
+
+def test_a_record_of_another_verifier_is_named_and_nothing_is_checked_against_it(tmp_path):
+    """After `make repro` the workspace holds the embedded default's record; a configuration of another verifier is
+    not checked against SmolLM2's shape (whose 8,192-token context would refuse Kimi-K2.5's 20,480-token samples),
+    and `eagle3 check` says so, as it says what it cannot check before any verifier stage ran."""
+    from eagle3.tools.configs import render
+
+    (tmp_path / "params.yaml").write_text(render("kimi-k2.5", "B"))
+    checked = _eagle3_check(tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    unchecked = "vocab.draft_vocab_size and extract.max_seq_len are not checked against the verifier's shape"
+    assert (
+        "eagle3 check: models/verifier/provenance.json is missing (`dvc repro verifier` writes it): " + unchecked
+    ) in checked.stderr.splitlines()
+    write_fake_provenance(tmp_path, name="HuggingFaceTB/SmolLM2-135M-Instruct", max_position_embeddings=8192)
+    checked = _eagle3_check(tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    assert (
+        "eagle3 check: models/verifier/provenance.json describes HuggingFaceTB/SmolLM2-135M-Instruct, not the "
+        f"configured moonshotai/Kimi-K2.5 (`dvc repro verifier` records it): {unchecked}"
+    ) in checked.stderr.splitlines()
+    # The stages do not check against it either: the verifier stage that records Kimi-K2.5 can start.
+    result = subprocess.run(
+        [sys.executable, "-m", "eagle3.cli", "verifier"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert "max_position_embeddings" not in result.stderr and "verifier.source.path" in result.stderr
+
+
+def test_check_previews_the_license_gate_with_the_override_to_write(tmp_path):
+    params = smoke_params()
+    params["verifier"]["source"]["license"] = "llama3.1"
+    write_params(tmp_path, params)
+    checked = _eagle3_check(tmp_path)
+    assert checked.returncode == 2 and "Traceback" not in checked.stderr
+    assert checked.stderr.strip().splitlines()[-1] == (
+        "eagle3 check: error: params.yaml: report: license gate: 1 input(s) do not allow publishing derived weights: "
+        "verifier 'HuggingFaceTB/SmolLM2-135M-Instruct' is llama3.1 (conditional: Llama 3.1 community license: "
+        "naming, attribution and use-policy terms). Replace them, or if you hold the rights, add to params.yaml "
+        'report.license_overrides: [{license: llama3.1, reason: "<why publishing is allowed>"}] (the reason is '
+        "printed in the report and card)"
+    )
+    params["report"] = {"license_overrides": [{"license": "llama3.1", "reason": "we follow the naming and use terms"}]}
+    write_params(tmp_path, params)
+    checked = _eagle3_check(tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    assert (
+        "eagle3 check: license gate: 2 declared input licenses allow publishing (llama3.1 by "
+        "report.license_overrides); the report stage also checks the sub-sources prepare finds"
+    ) in checked.stderr.splitlines()
+
+
+def _eagle3_check(root):
+    return subprocess.run([sys.executable, "-m", "eagle3.cli", "check"], cwd=root, capture_output=True, text=True)

@@ -16,7 +16,17 @@ from conftest import REPO
 from fake_provenance import write_fake_provenance
 
 # The shape the verifier stage records for Kimi-K2.5 (its config.json's text_config), which the checks read.
-KIMI_K25 = {"vocab_size": 163840, "max_position_embeddings": 262144, "hidden_size": 7168, "num_hidden_layers": 61}
+KIMI_K25 = {
+    "name": "moonshotai/Kimi-K2.5",
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+}
+
+
+def _check(root):
+    return subprocess.run([sys.executable, "-m", "eagle3.cli", "check"], cwd=root, capture_output=True, text=True)
 
 
 def _init(root, *args):
@@ -31,7 +41,7 @@ def test_the_hero_configuration_is_shipped():
 @pytest.mark.parametrize("name", shipped())
 def test_every_shipped_configuration_validates_in_every_layout(name, layout, tmp_path):
     path = tmp_path / "params.yaml"
-    path.write_text(render(name, layout))
+    path.write_text(render(name, layout, "b200"))
     params = load_params(path)
     assert params.warnings() == []
     for (section, key), value in LAYOUT_KEYS[layout].items():
@@ -57,14 +67,52 @@ def test_the_hero_configuration_fits_the_verifier_it_names(tmp_path):
     check_against_verifier(load_params(path), path)
 
 
-def test_init_writes_the_file_with_its_comments_and_only_the_layout_keys_differ(tmp_path):
-    result = _init(tmp_path, "kimi-k2.5", "--layout", "C")
+def _changed(written: str) -> list[str]:
+    """The lines of `written` that differ from the shipped kimi-k2.5 file (added lines included), without their
+    comments."""
+    import difflib
+
+    shipped_text = (CONFIGS_DIR / "kimi-k2.5.yaml").read_text().splitlines()
+    diff = difflib.ndiff(shipped_text, written.splitlines())
+    return [line[2:].split("#")[0].strip() for line in diff if line.startswith("+ ")]
+
+
+def test_init_writes_the_file_with_its_comments_and_only_the_layout_keys_differ(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    result = _init(tmp_path, "kimi-k2.5", "--layout", "C", "--gpu", "h200", "--draft-repo", "org/Kimi-K2.5-eagle3")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("params.yaml: the kimi-k2.5 configuration, layout C")
+    assert result.stdout.startswith("params.yaml: the kimi-k2.5 configuration, layout C, on NVIDIA H200 SXMs")
     written = (tmp_path / "params.yaml").read_text()
+    # An H200 cannot hold the verifier's 75 GB of weights per GPU beside the trainer's 85 GB peak: the verifier
+    # sleeps while the trainers train, in phases of the 6 steps of 9.4 GB that 64 GB of buffer holds.
+    assert _changed(written) == [
+        "gpu_memory_utilization: 0.64",
+        "splits: [heldout]",
+        "hidden_states: streamed",
+        "stream_phase_steps: 6",
+        "gpu: h200",
+        "draft_repo: org/Kimi-K2.5-eagle3",
+    ]
+    assert "# layout C on h200, phases: 90 GB awake + trainer at rest 27, then trainer 85 GB: 117 of 141 GB" in written
+    checked = _check(tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    assert "GPU memory with streamed states: phases" in checked.stderr
+    # A B300 holds both at once: no phases.
+    assert _init(tmp_path, "kimi-k2.5", "--layout", "C", "--gpu", "b300", "--force").returncode == 0
+    assert "stream_phase_steps" not in (tmp_path / "params.yaml").read_text()
+    # The verifier's share of a rented GPU as shipped for stored states (0.9) does not leave the trainer room.
+    (tmp_path / "params.yaml").write_text(written.replace("utilization: 0.64", "utilization: 0.9"))
+    refused = _check(tmp_path)
+    assert refused.returncode == 2
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "eagle3 check: error: params.yaml: extract.vllm.gpu_memory_utilization: streamed states in phases, the "
+            "verifier's 0.9 of a NVIDIA H200 SXM (127 GB)"
+        )
+    )
     shipped_text = (CONFIGS_DIR / "kimi-k2.5.yaml").read_text()
-    changed = [(a, b) for a, b in zip(shipped_text.splitlines(), written.splitlines(), strict=True) if a != b]
-    assert [b.split("#")[0].strip() for _, b in changed] == ["splits: [heldout]", "hidden_states: streamed"]
     assert _init(tmp_path, "kimi-k2.5", "--layout", "B", "--force").returncode == 0
     assert (tmp_path / "params.yaml").read_text() == shipped_text
     assert validate(yaml.safe_load(shipped_text), Params, tmp_path).train.hidden_states == "stored"
@@ -92,6 +140,18 @@ def test_init_never_overwrites_what_git_does_not_have(tmp_path):
     "args, message",
     [
         (["kimi-k2.6", "--layout", "B"], "eagle3 init: error: no shipped configuration 'kimi-k2.6'; one of kimi-k2.5"),
+        (
+            ["kimi-k2.5", "--layout", "C"],
+            "eagle3 init: error: --layout C: give --gpu (one of b300, b200, h200, h100, h200-nvl, h100-pcie): the "
+            "verifier's share of each GPU beside the trainers depends on it",
+        ),
+        (
+            ["kimi-k2.5", "--layout", "C", "--gpu", "h100"],
+            "eagle3 init: error: --layout C --gpu h100: moonshotai/Kimi-K2.5 and the trainer do not fit one NVIDIA "
+            "H100 SXM even in phases (in phases, the verifier's 1.13 of a NVIDIA H100 SXM (90 GB) awake beside the "
+            "trainer at rest (27 GB), then the trainer's 85 GB peak (estimated) beside it asleep: at most 117 GB of "
+            "80 (usable: 90%)); use layout B, or a GPU with more memory",
+        ),
     ],
 )
 def test_init_s_bad_input_is_one_line(tmp_path, args, message):

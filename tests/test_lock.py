@@ -21,7 +21,7 @@ import pytest
 from eagle3 import locked_environment as locked
 from eagle3.hashing import sha256_file
 
-from conftest import REPO, eagle3, smoke_params, write_params
+from conftest import REPO, committed, eagle3, smoke_params, write_params
 
 LOCKS = {build: locked.lock_path(build) for build in ("cpu", "cuda")}
 UV_LOCK = REPO / locked.LOCKS / "uv.txt"
@@ -41,7 +41,7 @@ def test_this_venv_holds_exactly_the_lock_of_its_build():
 def test_the_committed_results_were_made_with_the_locked_versions():
     """Every environment reports/lineage.json records (what made data/synthetic, data/hidden, checkpoints and the
     evaluation) ran the versions the lock of its build pins, on the lock's Python."""
-    recorded = json.loads((REPO / "reports/lineage.json").read_text())["environments"]
+    recorded = json.loads(committed("reports/lineage.json"))["environments"]
     environments = [entry["environment"] for entries in recorded.values() for entry in entries]
     assert environments
     for environment in environments:

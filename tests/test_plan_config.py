@@ -26,7 +26,7 @@ CHANGED = {
     ("train", "stream_buffer_gb"): 32.0,
     ("train", "sharding"): "fsdp",
     ("train", "activation_checkpointing"): "mlp",
-    ("train", "launch"): {"processes_per_node": 4, "nodes": 1},
+    ("train", "launch"): {"processes_per_node": 4, "nodes": 1, "gpu": "h200"},
     ("train", "draft_layout"): {"fc_norm": True, "norm_output": True},
 }
 # The same values as flags.
@@ -34,6 +34,7 @@ FLAGS = (
     "--samples", "2000", "--max-tokens", "24576", "--layers", "3", "--storage", "fp8-aux", "--epochs", "3",
     "--ttt-steps", "5", "--draft-vocab", "16000", "--keep-checkpoints", "4", "--stream-buffer-gb", "32",
     "--sharding", "fsdp", "--recompute", "mlp", "--gpus", "4", "--draft-layout", "norm_output,fc_norm",
+    "--gpu", "h200",
 )  # fmt: skip
 
 
@@ -78,6 +79,7 @@ def test_the_params_decide_what_the_flags_would_and_each_input_names_its_source(
     assert from_params["draft_params"] == draft and from_params["checkpoints_bytes"] == draft * 12 * 4
     inputs = from_params["inputs"]
     assert inputs["storage"] == "fp8-aux" and inputs["max_tokens"] == 24576 and inputs["there"]["gpus"] == 4
+    assert inputs["there"]["gpu"] == "h200" and inputs["configuration"]["gpu"] == "params.yaml train.launch.gpu"
     memory = from_params["train_memory"]
     assert (memory["ttt_steps"], memory["processes"], memory["sharding"]) == (5, 4, "fsdp")
     assert inputs["recompute"] == "mlp" and inputs["configured_layout"] == "A or B"

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.engines.served_speculation import Retries, Served, ServerClient, check_server_info
-from eagle3.engines.server_access import auth_headers
+from eagle3.engines.server_access import auth_headers, is_loopback
 from eagle3.engines.speculative import Engine, Request, Sampling, Speculation
 from eagle3.engines.speculative import run as run_engine
 from eagle3.engines.turn_by_turn import ask_turn_by_turn
 from eagle3.engines.vllm_env import on_cpu_build
 from eagle3.environment import capture
+from eagle3.formats.evaluation_kept import KeptItem
 from eagle3.formats.hf_config import read_config, text_config, uses_mla
 from eagle3.formats.provenance import Provenance, verifier_dir
 from eagle3.params.evaluate import EvaluateParams
@@ -39,12 +40,18 @@ def mla_in_vllm(model_dir: Path) -> dict[str, Any] | None:
     }
 
 
+def measured_dtype(config: EvaluateParams) -> str:
+    """What the configurations compute in: the engines' resolved dtype, or each server's own."""
+    if config.backend == "servers":
+        return "as served"
+    return resolve(config.vllm.dtype, engine_device_type())
+
+
 class EngineMeasurer:
     """Each configuration in a fresh in-process vLLM engine (eagle3/engines/speculative.py)."""
 
     def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path):
         self.config, self.draft_dir = config, root / DRAFT_DIR
-        self.dtype = resolve(config.vllm.dtype, engine_device_type())
         model_dir = verifier_dir(root)
         self.mla = mla_in_vllm(model_dir)
         self.engine = Engine(
@@ -54,22 +61,26 @@ class EngineMeasurer:
             gpu_memory_utilization=config.vllm.gpu_memory_utilization,
             enforce_eager=config.vllm.enforce_eager,
             tensor_parallel_size=config.vllm.tensor_parallel_size,
-            dtype=self.dtype,
+            dtype=measured_dtype(config),
             trust_remote_code=provenance.trust_remote_code,
             seed=config.seed,
             disable_mla=bool(self.mla and self.mla["disabled"]),
         )
-        self.repaired = False
-        self.environment: dict[str, Any] | None = None
 
     def where(self, method: str, k: int | None) -> str:
         return " (VLLM_MLA_DISABLE=1)" if self.engine.disable_mla else ""
 
     def measure(
-        self, method: str, k: int | None, conversations: list[dict[str, Any]], answers, temperatures: tuple[float, ...]
-    ) -> list[dict[str, Any]]:
+        self,
+        method: str,
+        k: int | None,
+        conversations: list[dict[str, Any]],
+        answers,
+        temperatures: tuple[float, ...],
+        kept: KeptItem,
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """One run per temperature (greedy first) over every conversation, turn by turn (after `answers`, or its
-        own greedy ones)."""
+        own greedy ones), each batch kept as it finishes; and the record of how it was measured."""
         config = self.config
         speculation = None
         if method == "eagle3":
@@ -89,57 +100,71 @@ class EngineMeasurer:
             samplings,
             later_turns=[c["later"] for c in conversations],
             answers=answers,
+            kept_dir=str(kept.directory),
+            kept_key=kept.key,
         )
         outcomes = run_engine(request)
-        self.repaired |= any(o["repaired_token_expansion"] for o in outcomes)
-        self.environment = outcomes[-1]["environment"]
-        return outcomes
+        record = {
+            "environment": outcomes[-1]["environment"],
+            "repaired_token_expansion": any(o["repaired_token_expansion"] for o in outcomes),
+        }
+        return outcomes, record
 
 
 class ServerMeasurer:
-    """Each configuration on the running server labelled with it (eagle3/engines/served_speculation.py)."""
+    """Each configuration on the running server labelled with it (eagle3/engines/served_speculation.py). Only the
+    servers of the configurations measured are contacted: one that is kept needs no server up."""
 
     def __init__(self, config: EvaluateParams):
         assert config.servers is not None
         servers = config.servers
-        headers = auth_headers(servers.api_key_env, "evaluate.servers.api_key_env")
-        retries = Retries(servers.concurrency, servers.timeout_s, servers.max_retries, servers.backoff_s)
         self.config = config
-        # What each server runs is its own: no float32 exactness to expect.
-        self.dtype = "as served"
+        self.headers = auth_headers(servers.api_key_env, "evaluate.servers.api_key_env")
+        self.retries = Retries(servers.concurrency, servers.timeout_s, servers.max_retries, servers.backoff_s)
+        self.endpoints = {(e.serves, e.k): e for e in servers.endpoints}
         self.mla = None  # the servers' business: their own flags
-        self.clients = {}
-        reported = []
-        for endpoint in servers.endpoints:
-            served = Served(str(endpoint.url).rstrip("/"), endpoint.model, endpoint.serves, endpoint.k)
-            client = ServerClient(served, retries, headers)
-            identity = check_server_info(served, client.server_info())
-            self.clients[(endpoint.serves, endpoint.k)] = client
-            # URLs stay out of the record: it is published.
-            reported.append({"serves": served.label, "vllm": client.version(), "identity": identity})
-        self.repaired = False
-        # The servers computed the vLLM figures; this machine ran the offline estimate.
-        self.environment = {**capture(), "backend": "servers", "servers": reported}
 
     def where(self, method: str, k: int | None) -> str:
-        return f" at {self.clients[(method, k)].served.root}"
+        return f" at {str(self.endpoints[(method, k)].url).rstrip('/').removesuffix('/v1')}"
 
     def measure(
-        self, method: str, k: int | None, conversations: list[dict[str, Any]], answers, temperatures: tuple[float, ...]
-    ) -> list[dict[str, Any]]:
+        self,
+        method: str,
+        k: int | None,
+        conversations: list[dict[str, Any]],
+        answers,
+        temperatures: tuple[float, ...],
+        kept: KeptItem,
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """As EngineMeasurer.measure, on the server labelled (method, k)."""
-        client, config = self.clients[(method, k)], self.config
+        endpoint, config = self.endpoints[(method, k)], self.config
+        served = Served(str(endpoint.url).rstrip("/"), endpoint.model, endpoint.serves, endpoint.k)
+        client = ServerClient(served, self.retries, self.headers)
+        identity = check_server_info(served, client.server_info())
+        # URLs stay out of the record: it is published. Whether the server ran on the machine that measured it is
+        # what the card says of where the figures come from.
+        server = {
+            "serves": served.label,
+            "vllm": client.version(),
+            "identity": identity,
+            "on": "this machine" if is_loopback(served.url) else "another machine",
+        }
 
         def ask(messages, number):
             batch = client.measure(messages, temperatures[number], config.max_tokens, config.seed)
             return batch["completions"], batch["counters"], batch["seconds"]
 
         results = ask_turn_by_turn(
-            [c["first"] for c in conversations], [c["later"] for c in conversations], answers, len(temperatures), ask
+            [c["first"] for c in conversations],
+            [c["later"] for c in conversations],
+            answers,
+            len(temperatures),
+            ask,
+            kept,
         )
         for temperature, result in zip(temperatures, results, strict=True):
             result.update(
                 sampling={"temperature": temperature, "max_tokens": config.max_tokens, "seed": config.seed},
                 repaired_token_expansion=False,
             )
-        return results
+        return results, {"server": server, "environment": capture(), "repaired_token_expansion": False}

@@ -1,7 +1,9 @@
 """What every client of an OpenAI-compatible vLLM server needs, whichever stage it serves (generate's answers,
 evaluate's measurements): the API key header, and the server's vLLM version for the environment record."""
 
+import ipaddress
 import os
+from urllib.parse import urlparse
 
 import httpx
 
@@ -28,3 +30,14 @@ def vllm_version(root: str, headers: dict[str, str]) -> str:
         return str(response.json()["version"]) if response.status_code == 200 else "unknown"
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return "unknown"
+
+
+def is_loopback(url: str) -> bool:
+    """Whether `url` names this machine (localhost or a loopback address): a server reached there runs here."""
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

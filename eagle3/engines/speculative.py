@@ -32,6 +32,7 @@ from eagle3.engines.turn_by_turn import ask_turn_by_turn
 from eagle3.engines.vllm_env import import_vllm, on_cpu_build, prepare_environment, start_engine
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
+from eagle3.formats.evaluation_kept import KeptItem
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,10 @@ class Request:
     # eagle3/chat/benchmark_prompts.py); None: this engine's own greedy answers, the first sampling then being
     # greedy. Only turns that have a later one need an answer.
     answers: list[list[str]] | None = None
+    # Where batches already measured are kept and new ones are written (eagle3/formats/evaluation_kept.py), and
+    # the key it was opened with; None: nothing kept.
+    kept_dir: str | None = None
+    kept_key: str | None = None
 
 
 _COUNTERS = {
@@ -237,7 +242,10 @@ def _child(request_path: Path, result_path: Path) -> None:
             raise RuntimeError("vLLM returned no per-request speculative-decoding metrics for a speculating engine")
         return completions, _delta(_counters(llm), before), seconds
 
-    results = ask_turn_by_turn(request["prompts"], request["later_turns"], request["answers"], len(samplings), ask)
+    kept = KeptItem(Path(request["kept_dir"]), request["kept_key"]) if request["kept_dir"] else None
+    results = ask_turn_by_turn(
+        request["prompts"], request["later_turns"], request["answers"], len(samplings), ask, kept
+    )
     for sampling, result in zip(samplings, results, strict=True):
         result.update(sampling=asdict(sampling), repaired_token_expansion=repaired, environment=environment)
     result_path.write_text(json.dumps(results), encoding="utf-8")

@@ -3,13 +3,15 @@ running servers (eagle3/engines/measurers.py, ServerMeasurer) share this loop.
 
 Every conversation's turn t goes in one batch per sampling setting, t = 0, 1, ...; turn t > 0 follows the answers
 given for the earlier turns (the reference's, eagle3/chat/benchmark_prompts.py), or, given none, the answers of
-sampling 0, which must then be the greedy one.
+sampling 0, which must then be the greedy one. Given a kept item (eagle3/formats/evaluation_kept.py), a batch it
+holds for the same messages is taken from it instead of asked, and each batch asked is kept as it finishes.
 """
 
 from collections.abc import Callable
 from typing import Any
 
 from eagle3.chat.benchmark_prompts import follow_up_messages
+from eagle3.formats.evaluation_kept import KeptItem, messages_sha256
 
 # ask(messages of one batch, sampling index) -> (completions in that order, counters of that batch, its seconds)
 Ask = Callable[[list[list[dict[str, str]]], int], tuple[list[dict[str, Any]], dict[str, Any], float]]
@@ -21,6 +23,7 @@ def ask_turn_by_turn(
     given: list[list[str]] | None,
     samplings: int,
     ask: Ask,
+    kept: KeptItem | None = None,
 ) -> list[dict[str, Any]]:
     """Per sampling: completions tagged with their conversation and turn, the batches' seconds and summed
     counters."""
@@ -32,7 +35,7 @@ def ask_turn_by_turn(
         for number, result in enumerate(results):
             history = given if given is not None else own
             messages = [follow_up_messages(prompts[i], later[i], history[i], turn) for i in asked]
-            completions, counters, seconds = ask(messages, number)
+            completions, counters, seconds = _asked_or_kept(ask, kept, messages, number, turn)
             result["seconds"] = round(result["seconds"] + seconds, 3)
             result["counters"] = _add_counters(result["counters"], counters)
             for i, completion in zip(asked, completions, strict=True):
@@ -40,6 +43,18 @@ def ask_turn_by_turn(
                 if number == 0 and given is None:
                     own[i].append(completion["text"])
     return results
+
+
+def _asked_or_kept(ask: Ask, kept: KeptItem | None, messages, number: int, turn: int):
+    if kept is None:
+        return ask(messages, number)
+    sha = messages_sha256(messages)
+    batch = kept.batch(number, turn, sha)
+    if batch is None:
+        completions, counters, seconds = ask(messages, number)
+        batch = {"completions": completions, "counters": counters, "seconds": seconds}
+        kept.keep_batch(number, turn, sha, batch)
+    return batch["completions"], batch["counters"], batch["seconds"]
 
 
 def _add_counters(total: dict[str, Any] | None, batch: dict[str, Any]) -> dict[str, Any]:

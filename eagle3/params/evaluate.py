@@ -50,8 +50,10 @@ class Servers(Section):
     concurrency: Threads = execution_only(32)
     # A reasoning model's answer can take many minutes at 16K+ tokens.
     timeout_s: float = execution_only(3600.0, gt=0)
-    max_retries: NonNegativeInt = execution_only(3)
-    backoff_s: float = execution_only(1.0, gt=0)
+    # A request that fails is retried after backoff_s, then twice as long each time: the defaults wait ~2 min in
+    # all, what a restarting tunnel or a briefly overloaded server needs; a rerun keeps every finished batch.
+    max_retries: NonNegativeInt = execution_only(6)
+    backoff_s: float = execution_only(2.0, gt=0)
     # Name of an environment variable holding the API key; the key itself never goes in params.yaml.
     api_key_env: EnvironmentVariable | None = execution_only(None)
 

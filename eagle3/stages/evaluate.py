@@ -31,6 +31,8 @@ probe set of long held-out histories (eagle3/chat/long_context.py), and every ru
 sets by prompt tokens.
 """
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,18 +42,22 @@ from eagle3.chat.long_context import long_context_probes
 from eagle3.chat.reasoning import render
 from eagle3.chat.sequence_plan import load_tokenizer
 from eagle3.engines.acceptance import counters_agree, figures, figures_by_context
-from eagle3.engines.measurers import EngineMeasurer, ServerMeasurer
+from eagle3.engines.measurers import EngineMeasurer, ServerMeasurer, measured_dtype, mla_in_vllm
+from eagle3.engines.turn_by_turn import ask_turn_by_turn
+from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.benchmarks import read_benchmarks
 from eagle3.formats.eval_metrics import EvalMetrics
+from eagle3.formats.evaluation_kept import OFFLINE_ESTIMATE, KeptEvaluation, KeptItem, item_name
 from eagle3.formats.prepared import read_rows
-from eagle3.formats.provenance import Provenance, read_provenance
+from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
 from eagle3.formats.synthetic import iter_records
+from eagle3.hashing import sha256_bytes, sha256_file
 from eagle3.modeling.offline_estimate import offline_estimate
-from eagle3.params.base import StageParams
+from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.evaluate import EvaluateParams
-from eagle3.paths import DRAFT_DIR, EVAL_METRICS, PREPARED_DIR, prepared_split
+from eagle3.paths import DRAFT_DIR, EVAL_METRICS, EVALUATION_KEPT_DIR, HIDDEN_INDEX, PREPARED_DIR, prepared_split
 from eagle3.progress import step
 from eagle3.publish.evaluation_plots import find_run, pick_run, results_by_set, write_benchmark_plots, write_plots
 
@@ -192,41 +198,206 @@ def _run_record(
     }
 
 
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="ITEM",
+        help="measure only these and keep them for the stage's next run, writing no metrics: configurations (none, "
+        f"eagle3-k3, ngram-k5, ...) and {OFFLINE_ESTIMATE} (e.g. one server up at a time, or the estimate while no "
+        "server holds the GPU)",
+    )
+
+
+def _file_sha256(path: Path) -> str:
+    if not path.is_file():
+        raise Eagle3Error(f"{path}: missing; run `dvc repro export` (or `eagle3 export`) first")
+    return sha256_file(path)
+
+
+def _kept_settings(config: EvaluateParams, provenance: Provenance, conversations: list[dict[str, Any]]):
+    """What every kept item's measurements depend on, besides its own configuration."""
+    verifier = {**provenance.identity(*TEXT_IDENTITY), **provenance.weights_identity()}
+    prompts = hashlib.sha256(json.dumps(conversations, sort_keys=True).encode()).hexdigest()
+    common = {"verifier": verifier, "prompts": prompts, "max_tokens": config.max_tokens, "seed": config.seed}
+    if config.backend == "engines":
+        return {**common, "engine": {**pinned_settings(config.vllm), "dtype": measured_dtype(config)}}
+    return common
+
+
+def _configuration_settings(
+    config: EvaluateParams, common: dict[str, Any], method: str, k: int | None, draft: str, reference: str | None
+) -> dict[str, Any]:
+    settings = {**common, "method": method, "k": k, "temperatures": list(config.temperatures(k))}
+    if config.backend == "servers":
+        assert config.servers is not None
+        endpoint = next(e for e in config.servers.endpoints if (e.serves, e.k) == (method, k))
+        settings["endpoint"] = {"model": endpoint.model, "serves": endpoint.serves, "k": endpoint.k}
+    if method == "eagle3":
+        settings["draft"] = draft
+    if method == "ngram":
+        settings["ngram"] = pinned_settings(config.ngram)
+    if method != "none" and reference is not None:
+        # Later turns follow the reference's greedy answers: measured again, they may differ.
+        settings["reference"] = reference
+    return settings
+
+
+class _NotKept(Exception):
+    pass
+
+
+def _measured(item: KeptItem, measurer_for, config, method, k, conversations, answers) -> list[dict[str, Any]]:
+    """The configuration's outcomes: its kept batches where it is done, else measured (keeping each batch)."""
+    temperatures = config.temperatures(k)
+    if item.done is not None:
+        try:
+            outcomes = ask_turn_by_turn(
+                [c["first"] for c in conversations],
+                [c["later"] for c in conversations],
+                answers,
+                len(temperatures),
+                _must_be_kept,
+                item,
+            )
+        except _NotKept:
+            outcomes = None
+        if outcomes is not None:
+            record = item.done
+            for temperature, outcome in zip(temperatures, outcomes, strict=True):
+                outcome.update(
+                    sampling={"temperature": temperature, "max_tokens": config.max_tokens, "seed": config.seed},
+                    repaired_token_expansion=record["repaired_token_expansion"],
+                )
+            return outcomes
+    outcomes, record = measurer_for().measure(method, k, conversations, answers, temperatures, item)
+    item.finish(record)
+    return outcomes
+
+
+def _must_be_kept(messages, number):
+    raise _NotKept
+
+
+def _offline(root: Path, config: EvaluateParams, kept: KeptEvaluation, provenance: Provenance, draft: str):
+    """The offline estimate at the headline k, kept like a configuration."""
+    settings = {
+        "verifier": {**provenance.identity(*TEXT_IDENTITY), **provenance.weights_identity()},
+        "draft": draft,
+        "hidden_index": _file_sha256(root / HIDDEN_INDEX),
+        "k": config.headline_k,
+        "limits": pinned_settings(config.offline),
+    }
+    item = kept.item(OFFLINE_ESTIMATE, settings)
+    if item.done is None:
+        step(f"evaluate: offline estimate at k={config.headline_k} from held-out hidden states")
+        item.finish(offline_estimate(root, config.headline_k, config.offline))
+    return item.done
+
+
 def run(params: Params, root: Path, options=None) -> None:
     config = params.evaluate
     provenance = read_provenance(root)
     draft_dir = root / DRAFT_DIR
     if not (draft_dir / "config.json").is_file():
         raise Eagle3Error(f"{draft_dir}: no exported draft; run `dvc repro export` (or `eagle3 export`) first")
+    draft = sha256_bytes(
+        "\n".join(_file_sha256(draft_dir / name) for name in ("config.json", "model.safetensors")).encode()
+    )
     heldout, *benchmark_sets = prompt_sets(root, config)
     probe = long_context_set(root, config, provenance)
     sets = [heldout, *benchmark_sets] + ([probe] if probe is not None else [])
     conversations = [c for prompt_set in sets for c in prompt_set.conversations]
-    if config.backend == "servers":
-        measurer = ServerMeasurer(config)
-    else:
-        measurer = EngineMeasurer(config, provenance, root)
+    configurations = config.configurations()
+    names = {item_name(method, k): (method, k) for method, k in configurations}
+    only = set(getattr(options, "only", None) or []) or None
+    unknown = sorted((only or set()) - set(names) - {OFFLINE_ESTIMATE})
+    if unknown:
+        raise Eagle3Error(
+            f"evaluate --only: {', '.join(unknown)} is not measured by these params; one of "
+            f"{', '.join([*names, OFFLINE_ESTIMATE])}"
+        )
+    kept = KeptEvaluation(root / EVALUATION_KEPT_DIR)
+    started = time.monotonic()
+    # First, while no server holds the GPU where the runbook runs it alone.
+    offline = _offline(root, config, kept, provenance, draft) if only is None or OFFLINE_ESTIMATE in only else None
+    measurer = None
+
+    def measurer_for():
+        nonlocal measurer
+        if measurer is None:
+            if config.backend == "servers":
+                measurer = ServerMeasurer(config)
+            else:
+                measurer = EngineMeasurer(config, provenance, root)
+        return measurer
+
+    common = _kept_settings(config, provenance, conversations)
+    reference_key: str | None = None
+    answers: list[list[str]] | None = None
+    measured: list[tuple[str, int | None, list[dict[str, Any]], dict[str, Any]]] = []
+    turns = sum(1 + len(c["later"]) for c in conversations)
+    for number, (method, k) in enumerate(configurations, start=1):
+        name = item_name(method, k)
+        item = kept.item(name, _configuration_settings(config, common, method, k, draft, reference_key))
+        if method == "none":
+            reference_key = item.key
+        if only is not None and name not in only:
+            if method == "none" and item.done is None and only - {OFFLINE_ESTIMATE}:
+                raise Eagle3Error(
+                    "evaluate --only: later turns follow the reference's greedy answers, and none is not measured yet: "
+                    "measure it first (`eagle3 evaluate --only none` with its server up)"
+                )
+            if method == "none" and item.done is not None:
+                answers = _answers(conversations, _kept_reference(item, config, conversations))
+            continue
+        where = "" if item.done is not None else measurer_for().where(method, k)
+        step(
+            f"evaluate: run {number}/{len(configurations)}: {method}"
+            + (f" k={k}" if k else "")
+            + f" on {turns} turns of {len(conversations)} prompts in {len(sets)} sets{where}"
+            + (" (kept)" if item.done is not None else "")
+        )
+        outcomes = _measured(item, measurer_for, config, method, k, conversations, answers)
+        if method == "none":
+            answers = _answers(conversations, outcomes[0]["completions"])
+        measured.append((method, k, outcomes, item.done))
+    if only is not None:
+        step(
+            f"evaluate: kept {', '.join(sorted(only))} in {EVALUATION_KEPT_DIR}; the stage's next run (`dvc repro "
+            "evaluate`) measures the rest and writes the metrics"
+        )
+        return
+    kept.forget_others({*names, OFFLINE_ESTIMATE})
+    assert offline is not None
+    write_metrics(root, config, sets, measured, offline, provenance, started)
+
+
+def _kept_reference(item: KeptItem, config: EvaluateParams, conversations) -> list[dict[str, Any]]:
+    """The kept reference's greedy completions."""
+    outcomes = _measured(item, _no_measurer, config, "none", None, conversations, None)
+    return outcomes[0]["completions"]
+
+
+def _no_measurer():
+    raise AssertionError("a kept reference is never measured again here")
+
+
+def write_metrics(root: Path, config: EvaluateParams, sets, measured, offline, provenance, started) -> None:
+    """metrics/eval.json, the plots and the summary lines, from every configuration's outcomes and records."""
+    heldout, *rest = sets
+    benchmark_sets = [s for s in rest if s.name != "long-context probe"]
+    probe = next((s for s in rest if s.name == "long-context probe"), None)
     runs: list[dict[str, Any]] = []
     by_set: dict[str, dict[str, Any]] = {
         s.name: {**s.facts, "prompts": len(s.conversations), "results": [], "categories": {}} for s in benchmark_sets
     }
     long_context = None if probe is None else {**probe.facts, "results": []}
     reference: dict[tuple[int, int], list[int]] | None = None
-    answers: list[list[str]] | None = None
-    started = time.monotonic()
-    configurations = config.configurations()
-    turns = sum(1 + len(c["later"]) for c in conversations)
-    for number, (method, k) in enumerate(configurations, start=1):
-        step(
-            f"evaluate: run {number}/{len(configurations)}: {method}"
-            + (f" k={k}" if k else "")
-            + f" on {turns} turns of {len(conversations)} prompts in {len(sets)} sets{measurer.where(method, k)}"
-        )
-        outcomes = measurer.measure(method, k, conversations, answers, config.temperatures(k))
+    for method, k, outcomes, _ in measured:
         greedy = outcomes[0]
         if method == "none":
             reference = {(c["conversation"], c["turn"]): c["token_ids"] for c in greedy["completions"]}
-            answers = _answers(conversations, greedy["completions"])
         for outcome, compared in zip(outcomes, [reference] + [None] * (len(outcomes) - 1), strict=True):
             units = _units(sets, outcome["completions"])
             runs.append(
@@ -246,8 +417,6 @@ def run(params: Params, root: Path, options=None) -> None:
             if long_context is not None:
                 long_context["results"].append(summarize(method, k, outcome, units[-1], compared, config.seed))
     k = config.headline_k
-    step(f"evaluate: offline estimate at k={k} from held-out hidden states")
-    offline = offline_estimate(root, k, config.offline)
     draft_greedy = pick_run(runs, "eagle3", k, 0.0)
     ngram_greedy = find_run(runs, "ngram", k, 0.0)
     identical = draft_greedy["lossless_identical"]
@@ -259,6 +428,8 @@ def run(params: Params, root: Path, options=None) -> None:
         "lossless_greedy": f"{identical}/{prompts}" if identical is not None else None,
         "benchmarks": {name: _headline(entry["results"], k) for name, entry in by_set.items()},
     }
+    records = [record for _, _, _, record in measured]
+    dtype = measured_dtype(config)
     metrics = EvalMetrics.model_validate(
         {
             "headline": headline,
@@ -266,27 +437,27 @@ def run(params: Params, root: Path, options=None) -> None:
                 "identical": identical,
                 "prompts": prompts,
                 "rate": round(identical / prompts, 4) if identical is not None else None,
-                "exact_expected": measurer.dtype == "float32",
-                "dtype": measurer.dtype,
+                "exact_expected": dtype == "float32",
+                "dtype": dtype,
             },
             "offline_estimate": {
                 **offline,
                 "vllm_tokens_per_step": headline["tokens_per_step_greedy"],
                 "gap": round(offline["tokens_per_step"] - headline["tokens_per_step_greedy"], 4),
             },
-            "mla": measurer.mla,
+            "mla": mla_in_vllm(verifier_dir(root)) if config.backend == "engines" else None,
             "runs": runs,
             "benchmarks": by_set,
             "long_context": long_context,
-            "later_turns_follow": "none" if ("none", None) in configurations else "each configuration's own",
+            "later_turns_follow": "none" if measured and measured[0][0] == "none" else "each configuration's own",
             "prompts": {
                 "split": "heldout",
                 "count": prompts,
                 "prompt_hashes": [c["id"] for c in heldout.conversations],
             },
             "max_tokens": config.max_tokens,
-            "repaired_vllm_temperature_expansion": measurer.repaired,
-            "environment": measurer.environment,
+            "repaired_vllm_temperature_expansion": any(r["repaired_token_expansion"] for r in records),
+            "environment": _environment(config, records),
             "seconds": round(time.monotonic() - started, 1),
         }
     )
@@ -306,6 +477,14 @@ def run(params: Params, root: Path, options=None) -> None:
         for b in draft_greedy["all_sets_by_context"]
     )
     step(f"evaluate: k={k} greedy, tokens per verifier step by prompt tokens, every set: {by_context}")
+
+
+def _environment(config: EvaluateParams, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the figures were computed: the engines' environment (the last configuration's), or this machine's
+    (the offline estimate's) with each server's version, identity and whether it ran on this machine."""
+    if config.backend == "engines":
+        return records[-1]["environment"]
+    return {**capture(), "backend": "servers", "servers": [record["server"] for record in records]}
 
 
 def _answers(conversations: list[dict[str, Any]], completions: list[dict[str, Any]]) -> list[list[str]]:

@@ -1,11 +1,15 @@
-"""`eagle3 init NAME --layout A|B|C`: switch a checkout to a shipped configuration.
+"""`eagle3 init NAME --layout A|B|C [--gpu KIND] [--draft-repo ORG/NAME]`: switch a checkout to a shipped
+configuration.
 
 The shipped configurations are eagle3/configs/NAME.yaml, complete params files with a reason beside each choice
 (kimi-k2.5: the hero run). The layouts are `eagle3 plan`'s: A extracts the hidden states here and ships them, B
 ships the text and extracts on the rented machine, C ships the text and streams the states there. A and B train on
-stored states with the same params; C is the file with LAYOUT_KEYS["C"] set. The file is rewritten with its
-comments kept (ruamel.yaml's round trip) and validated before anything is written; an uncommitted params.yaml is
-never overwritten without --force (git keeps the committed one).
+stored states with the same params; C is the file with LAYOUT_KEYS["C"] set, and the verifier's share of each GPU
+beside the trainers sized for --gpu (side by side where both fit, else in phases: eagle3/tools/plan_memory.py).
+--gpu also records the rented GPU kind (train.launch.gpu), which `eagle3 check` and `eagle3 plan` hold the run to;
+--draft-repo the Hub repository the model card names. Each key set gets its reason as a comment. The file is
+rewritten with its comments kept (ruamel.yaml's round trip) and validated before anything is written; an
+uncommitted params.yaml is never overwritten without --force (git keeps the committed one).
 """
 
 import argparse
@@ -16,6 +20,7 @@ from typing import Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_text
+from eagle3.gpu_kinds import GPUS
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 LAYOUTS = ("A", "B", "C")
@@ -44,8 +49,9 @@ def _yaml():
     return yaml
 
 
-def render(name: str, layout: str) -> str:
-    """The text of configuration `name` for `layout`, comments kept."""
+def render(name: str, layout: str, gpu: str | None = None, draft_repo: str | None = None) -> str:
+    """The text of configuration `name` for `layout` (and the rented GPU kind, and the Hub repository), comments
+    kept."""
     if name not in shipped():
         raise Eagle3Error(f"no shipped configuration {name!r}; one of {', '.join(shipped())}")
     if layout not in LAYOUTS:
@@ -58,9 +64,90 @@ def render(name: str, layout: str) -> str:
             document[section][key].extend(value)
         else:
             document[section][key] = value
+    if gpu is not None:
+        _set(document["train"]["launch"], "gpu", gpu, f"eagle3 init --gpu: the rented machine's {GPUS[gpu].name}s")
+        if layout == "C":
+            _size_streaming(document, gpu)
+    elif layout == "C":
+        raise Eagle3Error(
+            "--layout C: give --gpu (one of " + ", ".join(GPUS) + "): the verifier's share of each GPU beside the "
+            "trainers depends on it"
+        )
+    if draft_repo is not None:
+        _set(document["report"], "draft_repo", draft_repo, "eagle3 init --draft-repo: the card's serve command")
     out = io.StringIO()
     yaml.dump(document, out)
     return out.getvalue()
+
+
+def _set(mapping, key: str, value: Any, reason: str, after: str | None = None) -> None:
+    """`key: value  # reason`, in place where the key is, else after `after` (else at the end)."""
+    if key not in mapping and after is not None:
+        mapping.insert(list(mapping).index(after) + 1, key, value)
+    else:
+        mapping[key] = value
+    mapping.yaml_add_eol_comment(reason, key)
+
+
+def _size_streaming(document, gpu: str) -> None:
+    """Layout C on `gpu`: the verifier's share of each GPU, and phases where it and the trainer do not fit at once."""
+    from eagle3.params.train import TrainParams
+    from eagle3.tools.plan_memory import compute_train_memory, estimate, streamed_fit, verifier_share
+    from eagle3.tools.plan_types import PRESETS, Machine
+
+    name = document["verifier"]["source"]["name"]
+    preset = next((shape for shape in PRESETS.values() if shape.name == name), None)
+    if preset is None or preset.weights_bytes is None:
+        raise Eagle3Error(
+            f"--layout C: the size of {name} is not known here; set extract.vllm.gpu_memory_utilization and "
+            "train.stream_phase_steps yourself (docs/pipeline.md, streamed hidden states)"
+        )
+    train = TrainParams.model_validate(_plain(document["train"]))
+    extract = document["extract"]
+    processes = extract["vllm"]["tensor_parallel_size"]
+    layout = tuple(key for key, on in train.draft_layout.model_dump().items() if on)
+    vocab = document["vocab"]["draft_vocab_size"]
+    lines = estimate(preset.config, vocab, train.ttt_steps, processes, train.sharding, layout)
+    memory = compute_train_memory(lines, extract["max_seq_len"], Machine(gpu, processes, 0.0, 0.0, None))
+    share = verifier_share(preset.weights_bytes, processes, gpu)
+    fit = streamed_fit(memory, train.activation_checkpointing, share, phases=False)
+    if fit is not None and not fit.fits:
+        fit = streamed_fit(memory, train.activation_checkpointing, share, phases=True)
+    if fit is None or not fit.fits:
+        raise Eagle3Error(
+            f"--layout C --gpu {gpu}: {name} and the trainer do not fit one {GPUS[gpu].name} even in phases "
+            f"({fit.words() if fit else memory.source}); use layout B, or a GPU with more memory"
+        )
+    _set(extract["vllm"], "gpu_memory_utilization", share, f"layout C on {gpu}, {fit.summary()}")
+    if fit.phases:
+        captured = len(extract["aux_layer_ids"] or [None] * 3) + 1
+        step_bytes = (
+            (train.max_tokens_per_batch or train.batch_size * extract["max_seq_len"])
+            * captured
+            * (preset.hidden_size * 2)
+        )
+        steps = int(train.stream_buffer_gb * 1e9 // step_bytes)
+        if steps < 1:
+            raise Eagle3Error(
+                f"--layout C --gpu {gpu}: the trainer and the verifier take turns (phases), but train.stream_buffer_gb "
+                f"({train.stream_buffer_gb:g}) holds less than one step's states ({step_bytes / 1e9:.1f} GB); raise it"
+            )
+        _set(
+            document["train"],
+            "stream_phase_steps",
+            steps,
+            f"layout C on {gpu}: the steps stream_buffer_gb holds ({step_bytes / 1e9:.1f} GB each)",
+            after="stream_buffer_gb",
+        )
+
+
+def _plain(node: Any) -> Any:
+    """ruamel's round-trip containers as plain dicts and lists."""
+    if isinstance(node, dict):
+        return {key: _plain(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_plain(value) for value in node]
+    return node
 
 
 def _uncommitted(path: Path) -> bool:
@@ -76,6 +163,14 @@ def _uncommitted(path: Path) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="a shipped configuration: " + ", ".join(shipped()))
     parser.add_argument("--layout", required=True, choices=LAYOUTS, help="A, B or C, as `eagle3 plan` names them")
+    parser.add_argument(
+        "--gpu",
+        choices=list(GPUS),
+        help="the rented machine's GPU kind (train.launch.gpu): check and plan hold the run to it; layout C needs it",
+    )
+    parser.add_argument(
+        "--draft-repo", metavar="ORG/NAME", help="the Hub repository the draft is published as (report.draft_repo)"
+    )
     parser.add_argument("--force", action="store_true", help="overwrite a params file git does not have")
 
 
@@ -86,11 +181,14 @@ def main(args: argparse.Namespace) -> None:
     from eagle3.params.loading import validate
 
     target: Path = args.params
-    text = render(args.name, args.layout)
+    text = render(args.name, args.layout, args.gpu, args.draft_repo)
     validate(yaml.safe_load(text), Params, CONFIGS_DIR / f"{args.name}.yaml")
     if _uncommitted(target) and not args.force:
         raise Eagle3Error(
             f"{target} has changes git does not have; commit or stash them, or pass --force to overwrite it"
         )
     write_text(target, text)
-    print(f"{target}: the {args.name} configuration, layout {args.layout} (`git diff {target.name}` shows the change)")
+    on = f", on {GPUS[args.gpu].name}s" if args.gpu else ""
+    print(
+        f"{target}: the {args.name} configuration, layout {args.layout}{on} (`git diff {target.name}` shows the change)"
+    )

@@ -82,12 +82,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 
+from eagle3.gpu_kinds import GPUS
 from eagle3.tools.plan_memory import TrainMemory, compute_train_memory
 from eagle3.tools.plan_types import (
     CACHE_LINKS,
     GB,
     GPU_MEMORY_UTILIZATION,
-    GPUS,
     INLINE,
     NOT_IN_JSON,
     TB,

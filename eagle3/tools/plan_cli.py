@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagle3.gpu_kinds import GPUS
 from eagle3.tools.configs import LAYOUT_KEYS
 from eagle3.tools.plan import CHECKPOINT_BYTES_PER_PARAM, TEXT_BYTES_PER_TOKEN, DiskNeed, Plan, compute
 from eagle3.tools.plan_inputs import inputs_from_args
-from eagle3.tools.plan_types import GPUS, Budget, dollars, duration, size, to_json
+from eagle3.tools.plan_types import Budget, dollars, duration, size, to_json
 
 
 def _disk_words(disk: DiskNeed) -> str:
@@ -145,6 +146,7 @@ def _configuration_values(plan: Plan) -> dict[str, Any]:
         "draft_layout": ", ".join(memory.draft_layout) or "none",
         "recompute": inputs.recompute,
         "gpus": inputs.there.gpus,
+        "gpu": GPUS[inputs.there.gpu].name,
     }
 
 

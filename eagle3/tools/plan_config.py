@@ -24,6 +24,7 @@ CONFIGURED: dict[str, tuple[str, Any]] = {
     "draft_layout": ("train.draft_layout", ()),
     "recompute": ("train.activation_checkpointing", "off"),
     "gpus": ("train.launch", 8),
+    "gpu": ("train.launch.gpu", "b200"),
 }
 # Captured per token besides the aux layers: the final layer, always.
 FINAL_LAYERS = 1
@@ -46,6 +47,8 @@ def _value(params: Any, flag: str) -> Any:
     count of auto)."""
     key, _ = CONFIGURED[flag]
     section, name = key.split(".", 1)
+    if flag == "gpu":
+        return params.train.launch.gpu
     value = getattr(getattr(params, section), name)
     if flag == "layers":
         return (len(value) if value is not None else DEFAULT_AUX_LAYERS) + FINAL_LAYERS

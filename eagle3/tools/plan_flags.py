@@ -9,10 +9,11 @@ from pathlib import Path
 
 from eagle3.errors import Eagle3Error
 from eagle3.formats.storage import STORAGES
+from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import MAX_TTT_STEPS, RECOMPUTE, DraftLayout
 from eagle3.paths import EXTRACT_METRICS
 from eagle3.tools.plan_config import CONFIGURED
-from eagle3.tools.plan_types import CACHE_LINKS, GPUS, PRESETS, Budget
+from eagle3.tools.plan_types import CACHE_LINKS, PRESETS, Budget
 
 
 def _configured(flag: str) -> str:
@@ -80,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Gbit/s at which the rented machine gets the verifier weights (default: --link-gbit)",
     )
     there = parser.add_argument_group("the rented machine")
-    there.add_argument("--gpu", default="b200", help=f"GPU preset: {', '.join(GPUS)} (default b200)")
+    there.add_argument("--gpu", help=f"GPU preset: {', '.join(GPUS)} ({_configured('gpu')})")
     there.add_argument("--gpus", type=int, help=f"GPUs, one training process each ({_configured('gpus')})")
     there.add_argument("--gpu-tflops", type=float, help="dense bf16 TFLOP/s per GPU (default: the preset's)")
     there.add_argument("--gpu-usd-per-hour", type=float, help="price per GPU-hour (default: the preset's)")

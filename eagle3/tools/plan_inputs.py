@@ -13,6 +13,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.files import read_report_json
 from eagle3.formats.provenance import verifier_location
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
+from eagle3.gpu_kinds import GPUS
 from eagle3.paths import EXTRACT_METRICS, PROVENANCE
 from eagle3.tools.dvc_config import cache_option, usable_cache_link
 from eagle3.tools.plan_config import Configured
@@ -24,7 +25,6 @@ from eagle3.tools.plan_types import (
     CACHE_LINKS,
     GB,
     GPU_MEMORY_UTILIZATION,
-    GPUS,
     PRESETS,
     TRAIN_MEASURED,
     Inputs,

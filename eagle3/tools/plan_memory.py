@@ -26,8 +26,9 @@ from typing import Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
+from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import RECOMPUTE
-from eagle3.tools.plan_types import GB, GPUS, Machine, MemoryEstimate, MemoryLine, to_json
+from eagle3.tools.plan_types import GB, Machine, MemoryEstimate, MemoryLine, to_json
 
 LENGTHS = (4096, 8192)
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -38,6 +39,8 @@ class SettingMemory:
     at_max_tokens_bytes: float
     fits: bool
     longest_tokens: int
+    # The line's fixed part: weights, AdamW state, gradients, the verifier's embedding and head, held between steps.
+    resting_bytes: float
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def compute_train_memory(estimate_: MemoryEstimate, max_tokens: int, machine: Ma
         for name, line in estimate_.lines.items():
             at_max = line.fixed_bytes + line.bytes_per_token * max_tokens
             longest = max(0, math.floor((memory - line.fixed_bytes) / line.bytes_per_token))
-            settings[name] = SettingMemory(at_max, at_max <= memory, longest)
+            settings[name] = SettingMemory(at_max, at_max <= memory, longest, line.fixed_bytes)
     return TrainMemory(
         machine.gpu,
         memory,
@@ -163,3 +166,150 @@ def memory_warning(train: TrainMemory, max_tokens: int, recompute: str) -> str |
         f"samples of {max_tokens:,} tokens do not train on {where} even with train.activation_checkpointing: full "
         f"({need['full']}, estimated); the longest that does is {train.settings['full'].longest_tokens:,} tokens"
     )
+
+
+# Beside its weights, the verifier's vLLM needs KV cache and hidden-state slots for the samples it computes at once:
+# at Kimi-K2.5's shape 15 GB per GPU holds ~7 samples of 16K tokens (docs/pipeline.md, streamed hidden states).
+VERIFIER_WORKSPACE_BYTES = 15 * GB
+# What a sleeping vLLM keeps on each GPU (sleep level 1: weights on the host, KV cache freed).
+ASLEEP_BYTES = 1 * GB
+# Two processes' memory pools on one GPU (vLLM's and the trainer's), each with its CUDA context, allocator slack
+# and NCCL buffers: only this share of the GPU is counted on.
+SHARED_GPU_USABLE = 0.9
+
+
+@dataclass(frozen=True)
+class StreamedFit:
+    """Layout C on one GPU: the verifier (its share of the GPU, vLLM's gpu_memory_utilization) beside the trainer,
+    side by side or in phases (the verifier asleep while the trainer trains, the trainer at rest while it computes).
+    The trainer's figures are the estimate's at the longest sample: its peak, and its fixed part (weights, AdamW,
+    gradients, the verifier's embedding and head) at rest."""
+
+    gpu: str
+    memory_bytes: float
+    verifier_share: float
+    phases: bool
+    trainer_peak_bytes: float
+    trainer_resting_bytes: float
+
+    @property
+    def verifier_bytes(self) -> float:
+        return self.verifier_share * self.memory_bytes
+
+    @property
+    def peak_bytes(self) -> float:
+        """The most one GPU holds at once."""
+        if self.phases:
+            return max(self.verifier_bytes + self.trainer_resting_bytes, ASLEEP_BYTES + self.trainer_peak_bytes)
+        return self.verifier_bytes + self.trainer_peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= SHARED_GPU_USABLE * self.memory_bytes
+
+    def summary(self) -> str:
+        """The fit in one short line (a params comment)."""
+        how = (
+            f"phases: {self.verifier_bytes / GB:,.0f} GB awake + trainer at rest {self.trainer_resting_bytes / GB:,.0f}"
+            f", then trainer {self.trainer_peak_bytes / GB:,.0f} GB"
+            if self.phases
+            else f"side by side: {self.verifier_bytes / GB:,.0f} GB + trainer {self.trainer_peak_bytes / GB:,.0f} GB"
+        )
+        return f"{how}: {self.peak_bytes / GB:,.0f} of {GPUS[self.gpu].memory_gb:g} GB"
+
+    def words(self) -> str:
+        gpu = GPUS[self.gpu]
+        verifier = f"the verifier's {self.verifier_share:g} of a {gpu.name} ({self.verifier_bytes / GB:,.0f} GB)"
+        trainer = f"the trainer's {self.trainer_peak_bytes / GB:,.0f} GB peak (estimated)"
+        if self.phases:
+            return (
+                f"in phases, {verifier} awake beside the trainer at rest "
+                f"({self.trainer_resting_bytes / GB:,.0f} GB), then {trainer} beside it asleep: at most "
+                f"{self.peak_bytes / GB:,.0f} GB of {gpu.memory_gb:g} (usable: {SHARED_GPU_USABLE:.0%})"
+            )
+        return (
+            f"side by side, {verifier} and {trainer}: {self.peak_bytes / GB:,.0f} GB of {gpu.memory_gb:g} (usable: "
+            f"{SHARED_GPU_USABLE:.0%})"
+        )
+
+
+def verifier_share(weights_bytes: float, tensor_parallel_size: int, gpu: str) -> float:
+    """The smallest gpu_memory_utilization (to the percent above) that holds the verifier's weights split over
+    `tensor_parallel_size` GPUs and its workspace."""
+    need = weights_bytes / tensor_parallel_size + VERIFIER_WORKSPACE_BYTES
+    return math.ceil(need / (GPUS[gpu].memory_gb * GB) * 100) / 100
+
+
+def streamed_fit(train: TrainMemory, recompute: str, share: float, phases: bool) -> StreamedFit | None:
+    """The fit at `share` of one GPU of `train`'s kind; None where the trainer's memory is not estimated."""
+    if train.settings is None:
+        return None
+    setting = train.settings[recompute]
+    return StreamedFit(train.gpu, train.memory_bytes, share, phases, setting.at_max_tokens_bytes, setting.resting_bytes)
+
+
+def _verifier_config(params: Any, root: Path) -> tuple[dict[str, Any] | None, float | None, str]:
+    """The configured verifier's language-model config and weight bytes: a preset of that name, else the verifier
+    stage's record and directory; (None, None, why) where neither is here."""
+    from eagle3.config import configured_verifier
+    from eagle3.formats.hf_config import read_config, text_config
+    from eagle3.formats.provenance import read_provenance, verifier_dir
+    from eagle3.paths import PROVENANCE
+    from eagle3.tools.plan_types import PRESETS
+
+    name = configured_verifier(params)
+    preset = next((shape for shape in PRESETS.values() if shape.name == name), None)
+    if preset is not None:
+        return preset.config, preset.weights_bytes, f"the {name} preset"
+    if not (root / PROVENANCE).is_file() or read_provenance(root).name != name:
+        return None, None, f"{name}'s shape is not known until `dvc repro verifier` records it"
+    try:
+        config = text_config(read_config(verifier_dir(root)))
+    except Eagle3Error as exc:
+        return None, None, str(exc)
+    return config, float(read_provenance(root).weight_bytes), f"{name}'s config.json"
+
+
+def check_gpu_memory(params: Any, path: Path) -> list[str]:
+    """`eagle3 check`: the training memory per GPU of train.launch.gpu at extract.max_seq_len, and with streamed
+    states the verifier beside it; Eagle3Error naming the key to change where it does not fit. Returns what was
+    checked, or why not, in one line."""
+    train, extract = params.train, params.extract
+    gpu = train.launch.gpu
+    if gpu is None:
+        return ["train.launch.gpu is not set: the training memory is not held to a GPU (`eagle3 init NAME --gpu KIND`)"]
+    config, weights, source = _verifier_config(params, path.resolve().parent)
+    if config is None:
+        return [f"GPU memory not checked: {source}"]
+    per_node = train.launch.processes_per_node
+    processes = per_node * train.launch.nodes if isinstance(per_node, int) else 8
+    layout = tuple(name for name, on in train.draft_layout.model_dump().items() if on)
+    lines = estimate(config, params.vocab.draft_vocab_size, train.ttt_steps, processes, train.sharding, layout)
+    memory = compute_train_memory(lines, extract.max_seq_len, Machine(gpu, processes, 0.0, 0.0, None))
+    if memory.settings is None:
+        return [f"GPU memory not checked: {memory.source}"]
+    recompute = train.activation_checkpointing
+    if train.hidden_states != "streamed":
+        problem = memory_warning(memory, extract.max_seq_len, recompute)
+        if problem is not None:
+            raise Eagle3Error(f"{path}: train.activation_checkpointing: {problem}")
+        need = memory.settings[recompute].at_max_tokens_bytes
+        return [
+            f"training memory: {need / GB:,.0f} GB per {GPUS[gpu].name} at {extract.max_seq_len:,} tokens ({source})"
+        ]
+    share = extract.vllm.gpu_memory_utilization
+    tensor_parallel = extract.vllm.tensor_parallel_size
+    if weights is not None and share * GPUS[gpu].memory_gb * GB < weights / tensor_parallel:
+        raise Eagle3Error(
+            f"{path}: extract.vllm.gpu_memory_utilization: {share:g} of a {GPUS[gpu].name} cannot hold the "
+            f"verifier's {weights / tensor_parallel / GB:,.0f} GB of weights per GPU; `eagle3 init NAME --layout C "
+            f"--gpu {gpu}` sizes it"
+        )
+    fit = streamed_fit(memory, recompute, share, phases=train.stream_phase_steps is not None)
+    assert fit is not None
+    if not fit.fits:
+        raise Eagle3Error(
+            f"{path}: extract.vllm.gpu_memory_utilization: streamed states {fit.words()}: more than one GPU holds; "
+            f"`eagle3 init NAME --layout C --gpu {gpu}` sizes it (a smaller share, or train.stream_phase_steps)"
+        )
+    return [f"GPU memory with streamed states: {fit.summary()} per {GPUS[gpu].name} ({source})"]

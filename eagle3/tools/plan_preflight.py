@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from eagle3.errors import Eagle3Error
 from eagle3.files import read_report_json
 from eagle3.formats.storage import StorageName
+from eagle3.gpu_kinds import GPUS
 from eagle3.hashing import sha256_file
-from eagle3.tools.plan_types import GPUS, Machine, VerifierShape
+from eagle3.tools.plan_types import Machine, VerifierShape
 
 TB = 1e12
 # A preflight report is a few KB: anything past this is not one.

@@ -5,6 +5,8 @@ plan's dataclasses become its JSON."""
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from eagle3.gpu_kinds import GPUS
+
 GB, TB = 1e9, 1e12
 # vLLM's default gpu_memory_utilization: the share of GPU memory it takes, weights and KV cache together.
 GPU_MEMORY_UTILIZATION = 0.9
@@ -103,24 +105,6 @@ PRESETS = {
     "kimi-k2.5": VerifierShape(
         "moonshotai/Kimi-K2.5", 7168, 61, 163840, 18432, 1.03e12, 32e9, 600 * GB, KIMI_K2_5_TEXT_CONFIG
     ),
-}
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    bf16_tflops: float  # dense (no sparsity), from NVIDIA's datasheets
-    memory_gb: float
-    usd_per_hour: float  # a typical on-demand price per GPU-hour in late 2026: an assumption to check
-
-
-GPUS = {
-    "b300": Gpu("NVIDIA B300 SXM", 2250, 288, 6.5),
-    "b200": Gpu("NVIDIA B200 SXM", 2250, 180, 5.0),
-    "h200": Gpu("NVIDIA H200 SXM", 989, 141, 3.5),
-    "h100": Gpu("NVIDIA H100 SXM", 989, 80, 2.5),
-    "h200-nvl": Gpu("NVIDIA H200 NVL (PCIe)", 836, 141, 3.0),
-    "h100-pcie": Gpu("NVIDIA H100 PCIe", 756, 80, 2.0),
 }
 
 
