@@ -4,12 +4,15 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU torch wheel the CPU lock pins by its sha256 lies on disk here; PyPI's own torch is a multi-GB CUDA build.
+# The CPU lock pins PyTorch's CPU build of torch (2.13.0+cpu) by its sha256. PyPI hosts no such build (its torch is
+# a multi-GB CUDA one): the wheel comes from WHEELS where that folder exists (this project's machines keep it on
+# disk), else from PyTorch's own CPU index, TORCH_CPU_LINKS; either way only the file with the lock's hash installs.
 WHEELS ?= /opt/wheels
+TORCH_CPU_LINKS ?= https://download.pytorch.org/whl/cpu/torch/
 FIND_LINKS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 BUILD := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then echo cuda; else echo cpu; fi)
 # Only the CPU build looks there: torch==2.13.0 in the CUDA lock would also match the +cpu wheel (PEP 440).
-SETUP_FIND_LINKS := $(if $(filter cpu,$(BUILD)),$(FIND_LINKS))
+SETUP_FIND_LINKS := $(if $(filter cpu,$(BUILD)),$(or $(FIND_LINKS),--find-links $(TORCH_CPU_LINKS)))
 LOCK := locks/$(BUILD).txt
 # What `make lock` resolves for, whatever machine it runs on (eagle3/locked_environment.py records it in each lock).
 LOCK_PYTHON := 3.11
@@ -20,16 +23,19 @@ UV := $(VENV)/.uv/bin/uv
 STAMP := $(VENV)/.installed-$(BUILD)-$(shell sha256sum $(LOCK) 2>/dev/null | cut -c1-16)
 # Expanded only inside a recipe: the one line saying why the lock must not be installed here, or nothing.
 LOCK_PROBLEM = $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m eagle3.locked_environment check $(LOCK) 2>&1)
-# The SSH remote tests start Debian's sshd on 127.0.0.1 (tests/servers.py); a fresh machine lacks it.
-SSHD := /usr/sbin/sshd
-SSHD_PROBLEM = $(shell \
-  test -x $(SSHD) && exit 0; \
-  command -v apt-get >/dev/null || { echo "make test: $(SSHD) is missing and there is no apt-get to install Debian's openssh-server: install an sshd at $(SSHD), then rerun"; exit 0; }; \
+# What the tests need from Debian besides Python: sshd (tests/servers.py starts it on 127.0.0.1 for the SSH remote
+# tests and the hero rehearsal) and rsync (the runbook copies the verifier's weights with it). A fresh machine lacks
+# them: each missing program's package is installed (with sudo where not root), or one line says why it cannot be.
+SYSTEM_PROGRAMS := /usr/sbin/sshd:openssh-server /usr/bin/rsync:rsync
+SYSTEM_PROBLEM = $(shell \
+  missing=; for pair in $(SYSTEM_PROGRAMS); do test -x $${pair%%:*} || missing="$$missing $${pair##*:}"; done; \
+  test -z "$$missing" && exit 0; \
+  command -v apt-get >/dev/null || { echo "make test:$$missing missing and there is no apt-get to install them: install Debian's$$missing (or your system's), then rerun"; exit 0; }; \
   sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
-  echo "make test: installing Debian's openssh-server (tests/servers.py starts $(SSHD))" >&2; \
-  log=$$({ $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq openssh-server; } 2>&1) \
-    || { echo "make test: $(SSHD) is missing and \`$${sudo:+sudo }apt-get install openssh-server\` failed ($$(tail -n 1 <<<"$$log")): run it as root, then rerun"; exit 0; }; \
-  test -x $(SSHD) || echo "make test: openssh-server is installed but $(SSHD), which tests/servers.py starts, is still missing")
+  echo "make test: installing Debian's$$missing (the tests start sshd and run rsync)" >&2; \
+  log=$$({ $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; } 2>&1) \
+    || { echo "make test:$$missing missing and \`$${sudo:+sudo }apt-get install$$missing\` failed ($$(tail -n 1 <<<"$$log")): run it as root, then rerun"; exit 0; }; \
+  for pair in $(SYSTEM_PROGRAMS); do test -x $${pair%%:*} || echo "make test: $${pair##*:} is installed but $${pair%%:*} is still missing"; done)
 
 # Stops make with the one line in $1, if any ($(call) expands its argument once, so each check runs once).
 stop-if = $(if $1,$(error $1))
@@ -96,7 +102,7 @@ lint: setup
 
 # Before the venv, so a machine that cannot run the tests says so at once.
 system-packages:
-	$(call stop-if,$(SSHD_PROBLEM))
+	$(call stop-if,$(SYSTEM_PROBLEM))
 
 # Two workers (pytest-xdist; tests/conftest.py says how files are shared out): the end-to-end tests wait on
 # subprocesses and servers often enough that two keep two cores busy. TEST_WORKERS=0 runs in one process.

@@ -103,10 +103,43 @@ def _shown(lock: Path) -> str:
     return f"{lock.resolve().parent.name}/{lock.name}"
 
 
+# The CUDA lock's torch is PyPI's CUDA 13.0 build, which needs an NVIDIA driver of this major version or newer
+# (NVIDIA's CUDA 13.0 release notes); an older driver would leave torch without a GPU, and training on the CPU.
+CUDA_LOCK_DRIVER = 580
+
+
+def driver_problem(lock: Path) -> str | None:
+    """Why the CUDA lock cannot run on this machine's NVIDIA driver (one line), or None (another lock, or no
+    nvidia-smi to ask)."""
+    import subprocess
+
+    if lock.name != "cuda.txt":
+        return None
+    try:
+        answer = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    versions = answer.stdout.split()
+    if answer.returncode != 0 or not versions or not versions[0].split(".")[0].isdigit():
+        return None
+    if int(versions[0].split(".")[0]) < CUDA_LOCK_DRIVER:
+        return (
+            f"{_shown(lock)} installs torch built for CUDA 13.0, which needs an NVIDIA driver >= {CUDA_LOCK_DRIVER}; "
+            f"this machine's is {versions[0]}: torch would see no GPU. Upgrade the driver (or rent a machine with "
+            f"one >= {CUDA_LOCK_DRIVER}), then rerun"
+        )
+    return None
+
+
 def check(lock: Path) -> str | None:
     """Why `make setup` must not install `lock` (one line), or None: a missing lock or header, an input of
-    `INPUTS` changed since it was resolved, or this interpreter is not the lock's Python (checked first: reading
-    pyproject.toml needs the lock's Python)."""
+    `INPUTS` changed since it was resolved, this interpreter is not the lock's Python (checked first: reading
+    pyproject.toml needs the lock's Python), or the CUDA lock on a driver too old for its torch."""
     shown = _shown(lock)
     if not lock.is_file():
         return f"{shown}: missing; run `make lock`"
@@ -134,7 +167,7 @@ def check(lock: Path) -> str | None:
     for name in INPUTS:
         if input_hash(root / name) != inputs[name]:
             return f"{shown} was resolved from {_what_changed(name)}; run `make lock`"
-    return None
+    return driver_problem(lock)
 
 
 def stamp(lock: Path, python: str, platform_tag: str) -> None:

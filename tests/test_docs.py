@@ -134,3 +134,21 @@ def test_the_params_reference_lists_every_key_as_the_models_define_it():
     keys = {row[0] for row in reference.rows(Params)}
     expected = {"train.ttt_steps", "extract.max_seq_len", "evaluate.servers", "prepare.sources[]{kind: hf}.revision"}
     assert expected <= keys
+
+
+def test_the_readme_states_the_requirements_the_makefile_and_locks_enforce():
+    """Python version, platform, the CPU torch's index and the CUDA lock's driver, as `make setup` applies them."""
+    from eagle3 import locked_environment
+
+    readme = (REPO / "README.md").read_text()
+    requirements = readme[readme.index("## Requirements") : readme.index("\n## ", readme.index("## Requirements") + 3)]
+    makefile = (REPO / "Makefile").read_text()
+    python = re.search(r"^LOCK_PYTHON := (\S+)$", makefile, flags=re.M).group(1)
+    platform = re.search(r"^LOCK_PLATFORM := (\S+)$", makefile, flags=re.M).group(1)
+    links = re.search(r"^TORCH_CPU_LINKS \?= (\S+)$", makefile, flags=re.M).group(1)
+    assert f"**Python {python}**" in requirements and f"`make setup PYTHON=python{python}`" in requirements
+    assert f"`{platform}`" in requirements and f"`{links}`" in requirements
+    assert f"a driver >= {locked_environment.CUDA_LOCK_DRIVER}" in requirements
+    for lock in ("cpu", "cuda"):
+        header = (REPO / "locks" / f"{lock}.txt").read_text().splitlines()[0]
+        assert header == f"# eagle3 lock for Python {python} on {platform}"

@@ -203,6 +203,22 @@ def test_truncation_is_counted_and_refusals_are_one_line(extracted, tmp_path):
         "eagle3 extract: error: extract.aux_layer_ids: [2, 15, 40] must be < 30 (the verifier's layer count)"
     )
 
+    # Another copy of the verifier than the one recorded (a hand-edited tokenizer file here): refused before any
+    # state is computed, naming the file.
+    tokenizer_config = root / "models/verifier/tokenizer_config.json"
+    original = tokenizer_config.read_bytes()
+    tokenizer_config.unlink()  # a hard link into the shared project: replaced, not edited
+    tokenizer_config.write_bytes(original + b"\n")
+    write_params(root, _extract_params(url))
+    result = eagle3(root, "extract", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"eagle3 extract: error: {root}/models/verifier: a tokenizer file (tokenizer.json, tokenizer_config.json) is "
+        f"not what the verifier stage recorded in {root}/models/verifier/provenance.json (tokenizer_sha256 "
+    )
+    assert not _shards(root)
+    tokenizer_config.write_bytes(original)
+
     write_params(root, _extract_params(url, max_seq_len=40))
     eagle3(root, "extract")
     metrics = json.loads((root / "metrics/extract.json").read_text())

@@ -236,21 +236,62 @@ def test_a_module_missing_from_the_venv_is_one_line_saying_what_to_run():
 
 
 def test_make_test_stops_at_once_in_one_line_without_sshd_or_apt_get(tmp_path):
-    """A machine without Debian's sshd and no apt-get to install it: one line before the venv is built."""
+    """A machine without Debian's sshd and rsync and no apt-get to install them: one line before the venv is
+    built."""
     tools = tmp_path / "bin"
     tools.mkdir()
     for tool in ("sha256sum", "cut"):
         (tools / tool).symlink_to(shutil.which(tool))
     root = _checkout(tmp_path)
     venv = tmp_path / "venv"
-    result = _make(root, "test", f"VENV={venv}", "SSHD=/nonexistent/sshd", env={"PATH": str(tools)})
+    missing = "SYSTEM_PROGRAMS=/nonexistent/sshd:openssh-server /nonexistent/rsync:rsync"
+    result = _make(root, "test", f"VENV={venv}", missing, env={"PATH": str(tools)})
     assert (result.returncode, result.stdout) == (2, "")
     assert re.fullmatch(
-        r"Makefile:\d+: \*\*\* make test: /nonexistent/sshd is missing and there is no apt-get to install Debian's "
-        r"openssh-server: install an sshd at /nonexistent/sshd, then rerun\.  Stop\.\n",
+        r"Makefile:\d+: \*\*\* make test: openssh-server rsync missing and there is no apt-get to install them: "
+        r"install Debian's openssh-server rsync \(or your system's\), then rerun\.  Stop\.\n",
         result.stderr,
     ), result.stderr
     assert not venv.exists()
+
+
+def test_without_the_wheels_folder_the_cpu_torch_comes_from_pytorchs_index_by_the_locks_hash(tmp_path):
+    """PyPI hosts no CPU build of torch: on a machine without the wheels folder `make setup` takes the CPU lock's
+    torch from PyTorch's CPU index, still installing only files with the lock's hashes (what `make -n` shows)."""
+    if BUILD != "cpu":
+        pytest.skip("the CPU lock's setup")
+    root = _checkout(tmp_path)
+    shown = _make(root, "-n", "setup", f"VENV={tmp_path / 'venv'}", "WHEELS=/nonexistent", f"PYTHON={sys.executable}")
+    assert shown.returncode == 0, shown.stderr
+    sync = next(line for line in shown.stdout.splitlines() if "pip sync" in line)
+    assert "--require-hashes" in sync and "--find-links https://download.pytorch.org/whl/cpu/torch/ " in sync
+    on_disk = _make(root, "-n", "setup", f"VENV={tmp_path / 'venv'}", f"WHEELS={tmp_path}", f"PYTHON={sys.executable}")
+    assert f"--find-links {tmp_path} " in on_disk.stdout and "download.pytorch.org" not in on_disk.stdout
+
+
+def test_the_cuda_lock_stops_in_one_line_on_a_driver_older_than_its_torch_needs(tmp_path, monkeypatch):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text('#!/bin/sh\ncase "$*" in *driver_version*) echo 570.124.06;; esac\nexit 0\n')
+    smi.chmod(0o755)
+    root = _checkout(tmp_path)
+    venv = tmp_path / "venv"
+    path = f"{tools}{os.pathsep}{os.environ['PATH']}"
+    result = _make(root, "setup", f"VENV={venv}", f"PYTHON={sys.executable}", env={**os.environ, "PATH": path})
+    assert (result.returncode, result.stdout) == (2, "")
+    assert re.fullmatch(
+        r"Makefile:\d+: \*\*\* locks/cuda\.txt installs torch built for CUDA 13\.0, which needs an NVIDIA driver "
+        r">= 580; this machine's is 570\.124\.06: torch would see no GPU\. Upgrade the driver \(or rent a machine "
+        r"with one >= 580\), then rerun\.  Stop\.\n",
+        result.stderr,
+    ), result.stderr
+    assert not venv.exists()
+    monkeypatch.setenv("PATH", path)
+    assert "570.124.06" in locked.driver_problem(root / "locks" / "cuda.txt")
+    smi.write_text('#!/bin/sh\ncase "$*" in *driver_version*) echo 580.65.06;; esac\nexit 0\n')
+    assert locked.driver_problem(root / "locks" / "cuda.txt") is None
+    assert locked.driver_problem(root / "locks" / "cpu.txt") is None
 
 
 def test_differences_name_what_changed_went_missing_or_was_added():

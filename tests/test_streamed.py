@@ -200,7 +200,10 @@ def test_streamed_mode_s_bad_input_is_one_line(extracted_real, tmp_path):
     weights.unlink()  # a hard link into the shared project: replaced, not edited
     weights.write_bytes(data + b" ")
     line = _error(moved, "train")
-    assert line.endswith(
-        "the verifier's weights are not the ones the verifier stage recorded in "
-        f"{moved}/models/verifier/provenance.json; restore them, or rerun `dvc repro` from the verifier stage"
+    size = len(data)
+    assert line == (
+        f"eagle3 train: error: {moved}/models/verifier: the safetensors files' total size is not what the verifier "
+        f"stage recorded in {moved}/models/verifier/provenance.json (weight_bytes {size + 1}, recorded {size}): "
+        "another copy or revision; fetch the recorded one, or run `dvc repro verifier` to record this one (every "
+        "later stage then reruns)"
     ), line

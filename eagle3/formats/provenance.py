@@ -172,6 +172,39 @@ def verifier_dir(root: Path) -> Path:
     return root / VERIFIER_DIR
 
 
+def checked_verifier_dir(root: Path) -> Path:
+    """`verifier_dir`, after re-hashing a local verifier's identity (config, tokenizer, chat template, weights
+    fingerprint: no weights read) against the verifier stage's record: a copy fetched onto another machine, another
+    revision or a hand-edited file, is refused in one line naming the file that differs, before a stage computes
+    anything from it that the lineage would attribute to the recorded verifier."""
+    model_dir = verifier_dir(root)
+    provenance = read_provenance(root)
+    current = {
+        **describe_model_dir(model_dir, provenance.trust_remote_code),
+        **weights_fingerprint(model_dir),
+    }
+    tokenizer_files = ", ".join(name for name in TOKENIZER_FILES if (model_dir / name).is_file())
+    template = "chat_template.jinja" if (model_dir / "chat_template.jinja").is_file() else "tokenizer_config.json"
+    files = {
+        "config_sha256": CONFIG,
+        "tokenizer_sha256": f"a tokenizer file ({tokenizer_files})",
+        "chat_template_sha256": f"the chat template ({template})",
+        "num_weight_files": "the number of safetensors files",
+        "weight_bytes": "the safetensors files' total size",
+        "weight_index_sha256": WEIGHT_INDEX,
+        "weight_headers_sha256": "a safetensors file's header",
+    }
+    recorded = provenance.model_dump()
+    for key, what in files.items():
+        if recorded.get(key) is not None and current.get(key) != recorded[key]:
+            raise Eagle3Error(
+                f"{model_dir}: {what} is not what the verifier stage recorded in {root / PROVENANCE} ({key} "
+                f"{current.get(key)}, recorded {recorded[key]}): another copy or revision; fetch the recorded one, "
+                "or run `dvc repro verifier` to record this one (every later stage then reruns)"
+            )
+    return model_dir
+
+
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """vLLM's EAGLE-3 default: residual stream entering layers 2, N//2 and N-3 (id k = HF hidden_states[k])."""
     return [2, num_layers // 2, num_layers - 3]

@@ -43,7 +43,7 @@ from eagle3.environment import EnvironmentLog, fingerprint
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.extracted_parts import PartDone, is_done, read_done, write_done
-from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
+from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, checked_verifier_dir, read_provenance
 from eagle3.formats.shards import VERSION, ShardMeta, ShardWriter, shard_name, write_index
 from eagle3.formats.storage import STORAGES
 from eagle3.formats.synthetic import read_part
@@ -145,10 +145,11 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
             f"extract: {len(todo)} of {len(parts)} parts to do (rank {ranks.rank}/{ranks.world_size}), layers "
             f"{list(meta.layer_ids)}, backend {config.backend}"
         )
+        model_dir = checked_verifier_dir(root)
         tokenizer = load_tokenizer(root, provenance)
         backend = open_capture(
             CaptureRequest(
-                model_dir=verifier_dir(root),
+                model_dir=model_dir,
                 provenance=provenance,
                 layer_ids=meta.layer_ids,
                 config=config,

@@ -31,11 +31,11 @@ from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture
 from eagle3.engines.hidden_states.batching import length_sorted_batches
 from eagle3.errors import Eagle3Error
 from eagle3.files import read_json, staged_dir, write_json
-from eagle3.formats.provenance import Provenance, verifier_dir, weights_fingerprint
+from eagle3.formats.provenance import Provenance, checked_verifier_dir
 from eagle3.hashing import sha256_file
 from eagle3.params.extract import ExtractParams
 from eagle3.params.train import TrainParams
-from eagle3.paths import PROVENANCE, STREAM_DIR, SYNTHETIC_MANIFEST
+from eagle3.paths import STREAM_DIR, SYNTHETIC_MANIFEST
 from eagle3.precision import engine_device_type
 from eagle3.progress import progress
 from eagle3.stages.extract import EXTRACTION_VERSION, compute_dtype, layer_ids
@@ -150,16 +150,7 @@ class StreamedData:
                 f"train.stream_dir: train.launch.nodes is {config.launch.nodes}, so the states rank 0 computes must "
                 "reach every machine: set it to one directory on storage they all share"
             )
-        model_dir = verifier_dir(root)
-        if weights_fingerprint(model_dir) != {
-            "num_weight_files": provenance.num_weight_files,
-            "weight_bytes": provenance.weight_bytes,
-            **provenance.weights_identity(),
-        }:
-            raise Eagle3Error(
-                f"{model_dir}: the verifier's weights are not the ones the verifier stage recorded in "
-                f"{root / PROVENANCE}; restore them, or rerun `dvc repro` from the verifier stage"
-            )
+        model_dir = checked_verifier_dir(root)
         manifest = root / SYNTHETIC_MANIFEST
         parts = synthetic_parts(root, ["train"])
         layers = layer_ids(extract, provenance)
