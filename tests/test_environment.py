@@ -61,6 +61,9 @@ def test_summary_reads_as_a_line():
     # evaluate against servers: this machine ran the offline estimate, the servers the vLLM figures.
     served = {**record, "servers": [{"serves": "none", "vllm": "0.32.0"}, {"serves": "eagle3 k=3", "vllm": "0.33.1"}]}
     assert summary(served).endswith("; TP 8; vLLM figures from 2 servers (vLLM 0.32.0, 0.33.1)")
+    # generate against servers records how many answered and their versions (the runbook's generation here).
+    generated = {**record, "servers": {"count": 2, "vllm_versions": ["0.32.0", "unknown"]}}
+    assert summary(generated).endswith("; TP 8; answers from 2 servers (vLLM 0.32.0, unknown)")
 
 
 def test_log_keeps_one_file_per_environment_and_rank_and_merges_them(tmp_path):

@@ -212,9 +212,13 @@ def test_truncation_is_counted_and_refusals_are_one_line(extracted, tmp_path):
     write_params(root, _extract_params(url))
     result = eagle3(root, "extract", check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        f"eagle3 extract: error: {root}/models/verifier: a tokenizer file (tokenizer.json, tokenizer_config.json) is "
-        f"not what the verifier stage recorded in {root}/models/verifier/provenance.json (tokenizer_sha256 "
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"eagle3 extract: error: {root}/models/verifier: a tokenizer file (tokenizer.json, tokenizer_config.json) is "
+            f"not what the verifier stage recorded in {root}/models/verifier/provenance.json (tokenizer_sha256 "
+        )
     )
     assert not _shards(root)
     tokenizer_config.write_bytes(original)

@@ -27,8 +27,11 @@ def summary(record: dict[str, Any]) -> str:
     text = f"on {machine}: {text}" if machine else text
     text += f"; {', '.join(layout)}" if layout else ""
     text += f"; computed in {record['compute_dtype']}" if record.get("compute_dtype") else ""
-    servers = record.get("servers") or []
-    if servers:
+    servers = record.get("servers")
+    if isinstance(servers, dict):  # generate's openai backend: how many servers answered, and their versions
+        versions = sorted(str(version) for version in servers.get("vllm_versions") or [])
+        text += f"; answers from {servers.get('count')} servers (vLLM {', '.join(versions) or 'unknown'})"
+    elif servers:  # evaluate's: one record per server
         versions = sorted({str(server.get("vllm")) for server in servers})
         text += f"; vLLM figures from {len(servers)} servers (vLLM {', '.join(versions)})"
     return text

@@ -35,7 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "it is a preset or its directory is here, else kimi-k2.5)",
     )
     data.add_argument("--samples", type=int, help=f"training samples (conversations; {_configured('samples')})")
-    data.add_argument("--mean-tokens", type=float, required=True, help="mean tokens per sample")
+    data.add_argument(
+        "--mean-tokens",
+        type=float,
+        help="mean tokens per sample (default: as generate measured them on this verifier: prompt and answer tokens "
+        "per assistant turn, metrics/generate.json)",
+    )
     data.add_argument(
         "--max-tokens", type=int, help=f"longest sample in tokens ({_configured('max_tokens')}, else the mean)"
     )

@@ -14,7 +14,7 @@ from eagle3.files import read_report_json
 from eagle3.formats.provenance import verifier_location
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.gpu_kinds import GPUS
-from eagle3.paths import EXTRACT_METRICS, PROVENANCE
+from eagle3.paths import EXTRACT_METRICS, GENERATE_METRICS, PROVENANCE
 from eagle3.tools.dvc_config import cache_option, usable_cache_link
 from eagle3.tools.plan_config import Configured
 from eagle3.tools.plan_config import apply as apply_configuration
@@ -301,9 +301,38 @@ def _choose_verifier(args: argparse.Namespace, root: Path, configured: Configure
     )
 
 
+def measured_mean_tokens(args: argparse.Namespace, root: Path, configured: Configured) -> str:
+    """--mean-tokens, else generate's: the tokens of a training sequence (its prompt with the history, and the
+    answer) per assistant turn, where generate ran on the verifier the params configure; its source."""
+    if args.mean_tokens is not None:
+        return "--mean-tokens"
+    path = root / GENERATE_METRICS
+    verifier = measured_verifier(root)
+    if verifier is None or verifier != configured.verifier_name:
+        raise Eagle3Error(
+            f"--mean-tokens: give the mean tokens per sample (e.g. 16384); generate has not run on "
+            f"{configured.verifier_name or 'the planned verifier'} here to measure them"
+            + (f" ({path} is {verifier}'s)" if verifier else "")
+        )
+    try:
+        metrics = json.loads(path.read_text())
+        turns = int(metrics["assistant_turns"])
+        tokens = int(metrics["prompt_tokens"]) + int(metrics["completion_tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise Eagle3Error(
+            f"--mean-tokens: give the mean tokens per sample (e.g. 16384); {path} has no generate metrics to measure "
+            "them from (`dvc repro generate` writes them)"
+        ) from None
+    if turns <= 0:
+        raise Eagle3Error(f"--mean-tokens: {path} counts no assistant turns; give --mean-tokens")
+    args.mean_tokens = tokens / turns
+    return f"{GENERATE_METRICS}: {tokens:,} prompt and answer tokens over {turns:,} turns, measured on {verifier}"
+
+
 def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     """Every input, each from the first place that has it, checked, with its source and the warnings."""
     configured, configuration = apply_configuration(args, args.params)
+    mean_tokens_source = measured_mean_tokens(args, root, configured)
     if args.samples is None:
         raise Eagle3Error(
             "--samples: how many training samples to plan for (no params file, or its prepare.max_rows is null)"
@@ -330,6 +359,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     else:
         extract_there = there_preflight.sources.get("extract") or _derived_words(there, args.mfu)
     sources = {
+        "mean_tokens": mean_tokens_source,
         "verifier": verifier_source,
         "compression_ratio": compression.source,
         "there": f"{_machine_words(there)}, {there_price}"

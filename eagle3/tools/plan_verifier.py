@@ -41,7 +41,38 @@ def verifier_shape(spec: str) -> VerifierShape:
     if weights is None:
         weights = float(sum(f.stat().st_size for f in path.parent.glob("*.safetensors"))) or None
     name = config.get("_name_or_path") or str(path.parent)
-    return VerifierShape(name, hidden, layers, vocab, intermediate, None, None, weights, text)
+    total, active = parameter_counts(path.parent, text)
+    return VerifierShape(name, hidden, layers, vocab, intermediate, total, active, weights, text)
+
+
+# Routed experts' tensors, as DeepSeek, Qwen-MoE, gpt-oss and Mixtral checkpoints name them.
+_EXPERT = (".experts.", ".block_sparse_moe.experts.")
+
+
+def parameter_counts(model_dir: Path, text: dict) -> tuple[float | None, float | None]:
+    """Total parameters, from the safetensors headers beside the config (no weights read), and those active per
+    token: of the routed experts' tensors only num_experts_per_tok of every n experts. (None, None) where there
+    are no readable weight files."""
+    from eagle3.formats.tensor_files import tensor_shapes
+
+    total = experts = 0
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        return None, None
+    try:
+        for file in files:
+            for name, shape in tensor_shapes(file, "the plan counts the verifier's parameters from it").items():
+                count = 1
+                for size in shape:
+                    count *= size
+                total += count
+                experts += count if any(marker in name for marker in _EXPERT) else 0
+    except Eagle3Error:
+        return None, None
+    routed = text.get("n_routed_experts") or text.get("num_experts") or text.get("num_local_experts")
+    chosen = text.get("num_experts_per_tok")
+    active = total - experts * (1 - chosen / routed) if experts and routed and chosen else total
+    return float(total), float(active)
 
 
 def verifier_from_args(args: argparse.Namespace) -> VerifierShape:
