@@ -216,8 +216,8 @@ def test_truncation_is_counted_and_refusals_are_one_line(extracted, tmp_path):
         result.stderr.strip()
         .splitlines()[-1]
         .startswith(
-            f"eagle3 extract: error: {root}/models/verifier: a tokenizer file (tokenizer.json, tokenizer_config.json) is "
-            f"not what the verifier stage recorded in {root}/models/verifier/provenance.json (tokenizer_sha256 "
+            f"eagle3 extract: error: {root}/models/verifier: a tokenizer file (tokenizer.json, tokenizer_config.json) "
+            f"is not what the verifier stage recorded in {root}/models/verifier/provenance.json (tokenizer_sha256 "
         )
     )
     assert not _shards(root)
