@@ -5,10 +5,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3.chat.evaluation_sets import heldout_prompts
 from eagle3.errors import Eagle3Error
 from eagle3.params.evaluate import EvaluateParams
 from eagle3.publish.evaluation_plots import write_plots
-from eagle3.stages.evaluate import heldout_prompts
 
 
 def _prepared(root, train_hashes, heldout_hashes):

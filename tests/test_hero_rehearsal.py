@@ -101,12 +101,12 @@ class Machine:
         """The output of the block whose first command starts with `command`."""
         return next(out for block, out in self.outputs if block.first_command().startswith(command))
 
-    def shell(self, *command: str) -> str:
+    def shell(self, *command: str, stdout_only: bool = False) -> str:
         """A command in a new shell on this machine, set up as the page says (what a user types after the page)."""
         script = f"set -eo pipefail\n{self.prologue}\n{shlex.join(command)}"
         result = subprocess.run(["bash", "-c", script], cwd=self.dir, capture_output=True, text=True, env=self.env)
         assert result.returncode == 0, f"{' '.join(command)} ({self.name}) failed:\n{result.stdout}\n{result.stderr}"
-        return result.stdout + result.stderr
+        return result.stdout if stdout_only else result.stdout + result.stderr
 
     def stop_servers(self) -> None:
         for pid_file in (self.root / ".eagle3/servers").glob("*.pid"):
@@ -265,6 +265,53 @@ def test_the_page_runs_each_layout_end_to_end(rehearsals, layout):
     ).read_bytes()
     assert "Data and pipelines are up to date" in there.shell("dvc", "status")
     assert [command for command, _ in run["not_rehearsed"]] == list(NOT_REHEARSED)
+
+
+def _lock_bytes(root: Path, *outputs: str) -> int:
+    """The bytes dvc.lock records for `outputs`: what `dvc push` sent and `dvc pull` fetched of them."""
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    sizes = {out["path"]: out["size"] for stage in lock["stages"].values() for out in stage.get("outs", [])}
+    return sum(sizes[output] for output in outputs)
+
+
+def _completions(metrics: dict, method: str, k: int | None) -> int:
+    """Turns a configuration answered over every set and sampling run, as metrics/eval.json records them."""
+    results = [r for r in metrics["runs"] if (r["method"], r["k"]) == (method, k)]
+    for entry in [*metrics["benchmarks"].values(), metrics["long_context"] or {"results": []}]:
+        results += [r for r in entry["results"] if (r["method"], r["k"]) == (method, k)]
+    return sum(result["completions"] for result in results)
+
+
+@pytest.mark.parametrize("layout", ["A", "B"])
+def test_the_plan_counts_the_work_the_rehearsal_did(rehearsals, layout):
+    """`eagle3 plan` on the machine that ran the last stages: each step's counted work (answers, tokens, turns,
+    bytes, server starts) is what the rehearsal's blocks did."""
+    run = rehearsals[layout]
+    here, there = run["here"], run["there"]
+    plan = json.loads(there.shell("eagle3", "plan", "--json", stdout_only=True))
+    steps = {step["name"]: step for step in plan["scenarios"][layout]["steps"]}
+    generated = json.loads((there.root / "metrics/generate.json").read_text())
+    assert steps["generate"]["counted"] == {
+        "answers": generated["assistant_turns"],
+        "tokens": pytest.approx(generated["completion_tokens"]),
+        "server_starts": sum(b.first_command().startswith("eagle3 server start") for b, _ in here.outputs),
+    }
+    metrics = json.loads((there.root / "metrics/eval.json").read_text())
+    started_there = sum(
+        b.first_command().startswith(("eagle3 server start", "VLLM_SERVER_DEV_MODE")) for b, _ in there.outputs
+    )
+    evaluated = [name for name in steps if name.startswith("evaluate ")]
+    assert evaluated == ["evaluate none", "evaluate eagle3 k=3"] and len(evaluated) == started_there
+    assert steps["evaluate none"]["counted"]["turns"] == _completions(metrics, "none", None)
+    assert steps["evaluate eagle3 k=3"]["counted"]["turns"] == _completions(metrics, "eagle3", 3)
+    # Bytes: what `dvc pull --with-deps generate benchmarks` moved, the states A pushed, the weights rsync copied.
+    pulled = _lock_bytes(there.root, "models/verifier", "data/prepared", "data/benchmarks", "data/synthetic")
+    assert steps["ship_text"]["counted"] == {"bytes": pulled}
+    if layout == "A":
+        assert steps["ship_hidden_states"]["counted"] == {"bytes": _lock_bytes(here.root, "data/hidden")}
+    weights = sum(f.stat().st_size for f in (there.dir / "models/Kimi-K2.5").glob("*.safetensors"))
+    provenance = json.loads((there.root / "models/verifier/provenance.json").read_text())
+    assert steps["fetch_weights"]["counted"] == {"bytes": weights} and weights == provenance["weight_bytes"]
 
 
 def _losses(root: Path) -> list[float]:

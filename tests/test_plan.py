@@ -68,13 +68,19 @@ EXTRACT_B200 = 8 * 2250e12 * 0.3 / FLOPS  # 68,941 tokens/s
 EXTRACT_H200_NVL = 8 * 836e12 * 0.3 / FLOPS  # 25,615 tokens/s
 TRAIN_B200 = 8 * 7134 * 2250 / 989  # 129,840 tokens/s
 TRAIN_S = 4 * TOKENS / TRAIN_B200  # 1,514 s
-TENSORS = 2 * 163840 * 7168 * 2  # embedding + lm_head, bf16: 4.70 GB
 DRAFT = 10 * 7168**2 + 3 * 7168 * 18432 + 32000 * 7168  # 1,139,621,888
 CHECKPOINTS = DRAFT * 12 * 3
 # The draft the trainer actually builds for Kimi-K2.5: 64 heads x 128 (MLA), more than DRAFT's 10 H^2 assumes.
 TRAINED_PARAMS = 1_190_948_864
 LINK = 5e9 * 0.8 / 8  # 5e8 B/s
 USD_PER_S = 8 * 5.0 / 3600
+# The runbook's steps the formulas add (eagle3/tools/plan.py): a start of the verifier (its 600 GB at 2 GB/s + 1
+# min), preflight (its items' budgets and two engine starts: serving, and extraction on vLLM), setup and gpu-check.
+START = 600e9 / 2e9 + 60  # 360 s
+PREFLIGHT = 6 + 20 + 30 + 20 + 20 + 20 + 10 + 2 * START
+# Rented in every layout: setup, gpu-check, the weights (every layout evaluates there), the text, preflight, the
+# checkpoints sent back (no params file: no evaluation is priced).
+EVERY_LAYOUT = 900 + 540 + 600e9 / LINK + TEXT / LINK + PREFLIGHT + CHECKPOINTS / LINK
 
 
 def test_seed_case_kimi(tmp_path):
@@ -84,7 +90,7 @@ def test_seed_case_kimi(tmp_path):
     assert plan["bytes_per_token"] == 57_344 and plan["tokens"] == TOKENS
     assert plan["hidden_states"]["raw_bytes"] == RAW == 2_818_572_288_000
     assert plan["hidden_states"]["stored_bytes"] == pytest.approx(STORED)
-    assert plan["verifier_train_tensors_bytes"] == TENSORS and plan["draft_params"] == DRAFT
+    assert plan["verifier_weights_bytes"] == 600e9 and plan["draft_params"] == DRAFT
     rates = plan["rates"]
     assert rates["flops_per_token"] == FLOPS == 78_327_742_464
     assert rates["extract_there_tokens_per_s"] == pytest.approx(EXTRACT_B200)
@@ -93,19 +99,37 @@ def test_seed_case_kimi(tmp_path):
     assert rates["machine_usd_per_hour"] == 40.0  # 8 x B200 at the preset's $5/GPU-hour
 
     a, b, c = (plan["scenarios"][k] for k in "ABC")
-    assert a["rented_steps_s"] == pytest.approx(
-        {"ship_hidden_states": STORED / LINK, "fetch_verifier_tensors": TENSORS / LINK, "train": TRAIN_S}
-    )
-    assert a["here_steps_s"] == pytest.approx({"extract_here": TOKENS / EXTRACT_H200_NVL})
-    assert b["rented_steps_s"] == pytest.approx(
-        {"fetch_weights": 1200, "ship_text": TEXT / LINK, "extract": TOKENS / EXTRACT_B200, "train": TRAIN_S}
-    )
-    assert c["rented_steps_s"]["verifier_forward_all_epochs"] == pytest.approx(4 * TOKENS / EXTRACT_B200)
-    assert b["rented_s"] == pytest.approx(1200 + TEXT / LINK + TOKENS / EXTRACT_B200 + TRAIN_S)  # 57 min
-    assert b["cost_usd"] == pytest.approx(b["rented_s"] * USD_PER_S)  # $38
+    common = {
+        "setup": 900,
+        "gpu_check": 540,
+        "fetch_weights": 1200,
+        "ship_text": TEXT / LINK,
+        "preflight": PREFLIGHT,
+        "train": TRAIN_S,
+        "push_results": CHECKPOINTS / LINK,
+    }
+    assert a["rented_steps_s"] == pytest.approx({**common, "ship_hidden_states": STORED / LINK})
+    # Here, before renting: 3,000 answers of 16,384 tokens at the assumed 250 tokens/s per GPU of 8 (no params file:
+    # one answer per sample), and one start of the verifier.
+    generate = 3000 * 16384 / 2000 + START
+    assert a["here_steps_s"] == pytest.approx({"generate": generate, "extract_here": TOKENS / EXTRACT_H200_NVL + START})
+    assert b["here_steps_s"] == pytest.approx({"generate": generate})
+    assert b["rented_steps_s"] == pytest.approx({**common, "extract": TOKENS / EXTRACT_B200 + START})
+    assert c["rented_steps_s"]["verifier_forward_all_epochs"] == pytest.approx(4 * TOKENS / EXTRACT_B200 + START)
+    assert b["rented_s"] == pytest.approx(EVERY_LAYOUT + TOKENS / EXTRACT_B200 + START + TRAIN_S)  # 1.7 h
+    assert b["cost_usd"] == pytest.approx(b["rented_s"] * USD_PER_S)  # $68
     assert a["cost_usd"] == pytest.approx(a["rented_s"] * USD_PER_S)  # owned here: $0 for extracting there
-    # Disk with hardlinked DVC cache (shared bytes) and 20% headroom.
-    assert a["disk"]["there"]["bytes"] == pytest.approx((STORED + TENSORS + CHECKPOINTS) * 1.2)  # 2.35 TB
+    # Each step says what it counts.
+    (generated,) = [step for step in b["steps"] if step["name"] == "generate"]
+    assert generated["machine"] == "here" and generated["counted"] == {
+        "answers": 3000,
+        "tokens": 3000 * 16384,
+        "server_starts": 1,
+    }
+    (fetched,) = [step for step in b["steps"] if step["name"] == "fetch_weights"]
+    assert fetched["counted"] == {"bytes": 600e9}
+    # Disk with hardlinked DVC cache (shared bytes) and 20% headroom; A holds the weights there to evaluate.
+    assert a["disk"]["there"]["bytes"] == pytest.approx((600e9 + TEXT + STORED + CHECKPOINTS) * 1.2)  # 3.06 TB
     assert a["disk"]["here"]["bytes"] == pytest.approx((STORED + TEXT) * 1.2)  # 2.29 TB
     assert b["disk"]["there"]["bytes"] == pytest.approx((600e9 + TEXT + STORED + CHECKPOINTS) * 1.2)  # 3.06 TB
     # Streamed (C): no states on disk, only the buffer (--stream-buffer-gb, 64 GB by default).
@@ -113,52 +137,53 @@ def test_seed_case_kimi(tmp_path):
     # Here is the 3 TB volume: (3e12 / 1.2) / ((57,344 / 1.476 + 4) x 16,384) = 3,927 samples fit for A.
     assert a["disk"]["here"]["fits"] and a["disk"]["here"]["largest_samples"] == 3927
     assert a["disk"]["there"]["budget_tb"] is None and a["disk"]["there"]["largest_samples"] is None
-    # Break-even: (F_B - F_A) / (a - b) with F = bytes fetched over the weights link x $/s.
+    # Break-even: (F_B - F_A) / (a - b): both fetch the weights; B starts an engine to extract on vLLM.
     per_a = 57_344 / 1.476 / LINK * USD_PER_S
-    per_b = (4 / LINK + 1 / EXTRACT_B200) * USD_PER_S
-    tokens = (600e9 - TENSORS) / LINK * USD_PER_S / (per_a - per_b)
+    per_b = USD_PER_S / EXTRACT_B200
+    tokens = START * USD_PER_S / (per_a - per_b)
     assert plan["break_even_a_vs_b"]["tokens"] == pytest.approx(tokens)
-    assert 1149 < plan["break_even_a_vs_b"]["samples"] < 1151
+    assert 347 < plan["break_even_a_vs_b"]["samples"] < 349
     assert plan["recommendation"] == "B" and c["feasible"]
     assert b["budget"] == {"usd": "below", "hours": "below"}
 
-    # Largest run: B and C are bound by the 18 h (their $900 would buy 22.5 h), A by the 3 TB here.
+    # Largest run: B and C are bound by the 18 h, A by the 3 TB here. Each is linear in samples: the rented time
+    # without any (the fixed steps) plus a sample's shipping, extraction and training.
+    fixed = EVERY_LAYOUT - TEXT / LINK + START
     per_b = 16384 * (4 / LINK + 1 / EXTRACT_B200 + 4 / TRAIN_B200)  # rented seconds per sample
     per_c = 16384 * (4 / LINK + 4 / EXTRACT_B200 + 4 / TRAIN_B200)  # the verifier's forward in every epoch
     largest = plan["largest_runs"]
     assert largest["A"]["samples"] == 3927 and largest["A"]["bounded_by"] == "disk here"
     assert largest["A"]["disk_there_bytes"] == pytest.approx(
-        (3927 * 16384 * 57_344 / 1.476 + TENSORS + CHECKPOINTS) * 1.2
+        (600e9 + 3927 * 16384 * (57_344 / 1.476 + 4) + CHECKPOINTS) * 1.2
     )
     assert largest["B"]["limits"] == {
-        "budget usd": math.floor((900 / USD_PER_S - 1200) / per_b),
-        "budget hours": math.floor((18 * 3600 - 1200) / per_b),  # 85,653
+        "budget usd": math.floor((900 / USD_PER_S - fixed) / per_b),
+        "budget hours": math.floor((18 * 3600 - fixed) / per_b),  # 81,979
         "disk here": math.floor(3e12 / 1.2 / (4 * 16384)),
     }
-    assert largest["B"]["bounded_by"] == "budget hours" and largest["B"]["samples"] == 85_653
-    assert largest["C"]["samples"] == math.floor((18 * 3600 - 1200) / per_c) == 43_696
+    assert largest["B"]["bounded_by"] == "budget hours" and largest["B"]["samples"] == 81_979
+    assert largest["C"]["samples"] == math.floor((18 * 3600 - fixed) / per_c) == 41_822
     assert largest["B"]["disk_there_bytes"] == pytest.approx(
-        (600e9 + CHECKPOINTS + 85_653 * 16384 * (4 + 57_344 / 1.476)) * 1.2
+        (600e9 + CHECKPOINTS + 81_979 * 16384 * (4 + 57_344 / 1.476)) * 1.2
     )
 
     disk, decision, budget, most = plan["answer"]
     assert most == (
         "Largest run within the given budgets and disks, in samples of this length: A 3,927 (disk here; the rented "
-        "machine's disk then needs 3.05 TB), B 85,653 (budget hours; the rented machine's disk then needs 66.20 TB), "
-        "C 43,696 (budget hours; the rented machine's disk then needs 849.5 GB)."
+        "machine's disk then needs 3.77 TB), B 81,979 (budget hours; the rented machine's disk then needs 63.39 TB), "
+        "C 41,822 (budget hours; the rented machine's disk then needs 849.3 GB)."
     )
-    assert largest["C"]["disk_there_bytes"] == pytest.approx((600e9 + CHECKPOINTS + 64e9 + 43_696 * 16384 * 4) * 1.2)
+    assert largest["C"]["disk_there_bytes"] == pytest.approx((600e9 + CHECKPOINTS + 64e9 + 41_822 * 16384 * 4) * 1.2)
     assert disk.startswith(
-        "Disk: the rented machine needs 3.06 TB to extract there (B), 2.35 TB to receive shipped hidden states (A), "
+        "Disk: the rented machine needs 3.06 TB to extract there (B), 3.06 TB to receive shipped hidden states (A), "
         "or 846.3 GB to stream them (C, 64 GB of buffer)"
     )
     assert "here A needs 2.29 TB of 3 TB" in disk and "hardlink" in disk
     assert decision.startswith(
-        "Extract on the rented machine (B): 57 min rented, $38 (ship 1.91 TB over 4.00 Gbit/s (A): 1.5 h, $59; "
-        "stream there (C): 1.5 h, $62); between A and B, shipping is cheaper below 1,150 samples"
+        "Extract on the rented machine (B): 1.7 h rented, $68 (ship 1.91 TB over 4.00 Gbit/s (A): 2.5 h, $99; "
+        "stream there (C): 2.3 h, $92); between A and B, shipping is cheaper below 348 samples"
     )
-    assert "shipping is cheaper below 1,150 samples of this length" in decision
-    assert budget == "Budget (B, training included): $38 is below $180-900; 0.95 h is below 6-18 h."
+    assert budget == "Budget (B, training included): $68 is below $180-900; 1.7 h is below 6-18 h."
     warnings = " ".join(plan["warnings"])
     assert "measured on HuggingFaceTB/SmolLM2-135M-Instruct's states, not moonshotai/Kimi-K2.5's" in warnings
     assert "cache.type hardlink,symlink" in warnings
@@ -173,6 +198,7 @@ def test_seed_case_kimi(tmp_path):
         setting = memory["settings"][name]
         assert setting["at_max_tokens_bytes"] == pytest.approx(at_16k) and setting["fits"] == (at_16k <= 180e9)
         assert setting["longest_tokens"] == int((180e9 - line["fixed_bytes"]) // line["bytes_per_token"])
+        assert setting["resting_bytes"] == line["fixed_bytes"]
     # Recompute trades memory per token for compute; what every setting holds (weights, AdamW, DDP's gradient
     # copy: 16 B per parameter; the verifier's bf16 embedding and head rows) is the same.
     per_token = [line["bytes_per_token"] for line in lines.values()]
@@ -185,6 +211,7 @@ def test_seed_case_kimi(tmp_path):
     table = eagle3(tmp_path, "plan", *SEED).stdout
     assert table.index("Disk: the rented machine") < table.index("Sizes")
     assert "57,344 B" in table and "2.82 TB" in table and "* B" in table
+    assert "The run in layout B, step by step (docs/hero-run.md): 1.7 h rented, $68" in table
     assert "Training memory per NVIDIA B200 SXM (180 GB;" in table
     longest = memory["settings"]["full"]["longest_tokens"]
     assert f"{longest:,} tokens" in table
@@ -239,7 +266,7 @@ def test_storage_options_from_a_ratio_measured_with_another_storage(tmp_path):
         assert option["stored_bytes"] == pytest.approx(RAW / ratio)
         assert option["ship_hidden_states_s"] == pytest.approx(RAW / ratio / LINK)
         assert option["scenarios"]["A"]["there_disk_bytes"] == pytest.approx(
-            (RAW / ratio + TENSORS + CHECKPOINTS) * 1.2
+            (600e9 + TEXT + RAW / ratio + CHECKPOINTS) * 1.2
         )
         assert option["scenarios"]["B"]["there_disk_bytes"] == pytest.approx(
             (600e9 + TEXT + RAW / ratio + CHECKPOINTS) * 1.2
@@ -309,6 +336,8 @@ def test_every_formula_against_hand_computation(tmp_path):
         "--budget-usd": "0.5",
         "--budget-hours": "0.01-1",
         "--stream-buffer-gb": "1",
+        "--serve-tokens-per-s": "1000",
+        "--server-start-min": "1",
     }
     plan = _plan(tmp_path, *(part for pair in flags.items() for part in pair))
     assert plan["inputs"]["verifier"]["hidden_size"] == 1000 and plan["verifier_weights_bytes"] == 1e10
@@ -320,59 +349,70 @@ def test_every_formula_against_hand_computation(tmp_path):
     assert plan["bytes_per_token"] == 8_000  # 4 x 1000 x 2
     assert plan["hidden_states"] == {"raw_bytes": 8e8, "stored_bytes": 4e8, "largest_sample_bytes": 1.6e7}
     assert plan["text_bytes"] == 4e5
-    assert plan["verifier_train_tensors_bytes"] == 2e7  # 2 x 5000 x 1000 x 2 B
     assert plan["draft_params"] == 23_000_000  # 10 x 1000^2 + 3 x 1000 x 4000 + 1000 x 1000
     assert plan["checkpoints_bytes"] == 552_000_000  # x 12 B x 2 kept
     rates = plan["rates"]
     assert rates["link_bytes_per_s"] == 5e8 and rates["weights_link_bytes_per_s"] == 1e9  # x 0.5 / 8
     assert rates["machine_usd_per_hour"] == 12.0 and rates["train_tokens_per_s"] == 2000  # 4 GPUs x 500
+    # Serving there: here's 1000 tokens/s per GPU and TFLOP/s (8 x 836), on 4 x 989.
+    assert rates["serve_here_tokens_per_s"] == 1000 and rates["server_start_s"] == 60
+    assert rates["serve_there_tokens_per_s"] == pytest.approx(1000 / 8 / 836 * 4 * 989)
 
     a, b, c = (plan["scenarios"][k] for k in "ABC")
-    # ship 4e8 / 5e8; fetch 2e7 / 1e9; train 2 epochs x 1e5 / 2000
-    assert a["rented_steps_s"] == pytest.approx(
-        {"ship_hidden_states": 0.8, "fetch_verifier_tensors": 0.02, "train": 100}
-    )
-    assert a["here_steps_s"] == {"extract_here": 5.0}  # 1e5 / 2e4
-    assert a["rented_s"] == pytest.approx(100.82) and a["wall_s"] == pytest.approx(105.82)
-    assert a["cost_usd"] == pytest.approx(100.82 * 12 / 3600 + 5 * 6 / 3600)  # rented + extraction here
-    # weights 1e10 / 1e9; text 4e5 / 5e8; extraction 1e5 / 1e5
-    assert b["rented_steps_s"] == pytest.approx({"fetch_weights": 10, "ship_text": 8e-4, "extract": 1, "train": 100})
-    assert b["cost_usd"] == pytest.approx(111.0008 * 12 / 3600)
-    assert c["rented_s"] == pytest.approx(112.0008)  # two epochs of the verifier forward
+    # setup 900, gpu-check 540 (assumed); weights 1e10 / 1e9; text 4e5 / 5e8; preflight: its budgets (126 s) and
+    # two starts (serving; extraction on vLLM: no params, so the hero's backend); train 2 epochs x 1e5 / 2000; the
+    # checkpoints 5.52e8 / 5e8; no params: no evaluation priced, no held-out tokens to estimate from.
+    every = {
+        "setup": 900,
+        "gpu_check": 540,
+        "fetch_weights": 10,
+        "ship_text": 8e-4,
+        "preflight": 246,
+        "train": 100,
+        "push_results": 1.104,
+    }
+    assert a["rented_steps_s"] == pytest.approx({**every, "ship_hidden_states": 0.8})  # 4e8 / 5e8
+    # Here: 100 answers x 1000 tokens / 1000 tokens/s + a start; extraction 1e5 / 2e4 + a start.
+    assert a["here_steps_s"] == {"generate": 160, "extract_here": 65}
+    assert a["rented_s"] == pytest.approx(1797.9048) and a["wall_s"] == pytest.approx(1797.9048 + 225)
+    assert a["cost_usd"] == pytest.approx(1797.9048 * 12 / 3600 + 65 * 6 / 3600)  # rented + extraction here
+    assert b["rented_steps_s"] == pytest.approx({**every, "extract": 61})  # 1e5 / 1e5 + a start
+    assert b["cost_usd"] == pytest.approx(1858.1048 * 12 / 3600)
+    assert c["rented_s"] == pytest.approx(1859.1048)  # two epochs of the verifier forward + a start
     # A copying DVC cache stores every tracked output twice; the verifier's weights are not tracked.
-    assert a["disk"]["there"]["bytes"] == pytest.approx((4e8 * 2 + 2e7 + 5.52e8 * 2) * 1.25)
+    assert a["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 4e8 + 5.52e8) * 2) * 1.25)
     assert a["disk"]["here"]["bytes"] == pytest.approx((4e8 + 4e5) * 2 * 1.25)
     assert b["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 4e8 + 5.52e8) * 2) * 1.25)
     assert c["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 5.52e8) * 2 + 1e9) * 1.25)
     assert b["disk"]["here"]["bytes"] == c["disk"]["here"]["bytes"] == pytest.approx(4e5 * 2 * 1.25)
     # Largest samples: (2e10 / 1.25 - fixed) / per sample, a sample being 1000 x (4000 B of states + 4 B of text) x 2.
-    assert a["disk"]["there"]["largest_samples"] == (16e9 - 2e7 - 1.104e9) // 8e6 == 1859
+    assert a["disk"]["there"]["largest_samples"] == b["disk"]["there"]["largest_samples"]
     assert b["disk"]["there"]["largest_samples"] == (16e9 - 1e10 - 1.104e9) // 8.008e6 == 611
     assert a["disk"]["here"]["largest_samples"] == 8e8 // 8.008e6 == 99
     assert not a["disk"]["here"]["fits"] and a["problems"] == ["needs 1.0 GB here, more than its 1.0 GB"]
     assert b["feasible"] and plan["recommendation"] == "B"
-    assert b["budget"] == {"usd": "inside", "hours": "inside"}
-    # a = 4000 / 5e8 x 12/3600 + 6 / 3600 / 2e4; b = (4 / 5e8 + 1 / 1e5) x 12/3600; F_B - F_A = (10 - 0.02) x 12/3600.
-    per_a, per_b = 4000 / 5e8 * 12 / 3600 + 6 / 3600 / 2e4, (4 / 5e8 + 1e-5) * 12 / 3600
-    fixed = (10 - 0.02) * 12 / 3600
+    assert b["budget"] == {"usd": "over", "hours": "inside"}
+    # a = 4000 / 5e8 x 12/3600 + 6 / 3600 / 2e4; b = 12/3600 / 1e5; F_B - F_A = B's engine start, 60 x 12/3600.
+    per_a, per_b = 4000 / 5e8 * 12 / 3600 + 6 / 3600 / 2e4, 12 / 3600 / 1e5
+    fixed = 60 * 12 / 3600
     assert plan["break_even_a_vs_b"]["tokens"] == pytest.approx(fixed / (per_a - per_b))
     assert plan["break_even_a_vs_b"]["samples"] == pytest.approx(fixed / (per_a - per_b) / 1000)
-    assert plan["answer"][1].startswith("Extract on the rented machine (B)")
     assert plan["answer"][1].startswith(
-        "Extract on the rented machine (B): 2 min rented, $0.37 (ship 400.0 MB over 4.00 Gbit/s (A) is ruled out: "
-        "needs 1.0 GB here, more than its 1.0 GB; stream there (C): 2 min, $0.37); between A and B, shipping is "
+        "Extract on the rented machine (B): 31 min rented, $6.19 (ship 400.0 MB over 4.00 Gbit/s (A) is ruled out: "
+        "needs 1.0 GB here, more than its 1.0 GB; stream there (C): 31 min, $6.20); between A and B, shipping is "
         "cheaper below"
     )
     assert plan["answer"][2] == (
-        "Budget (B, training included): $0.37 is inside the budget of $0.5; 0.031 h is inside 0.01-1 h."
+        "Budget (B, training included): $6.19 is over the budget of $0.5; 0.52 h is inside 0.01-1 h."
     )
 
 
 def test_disk_limits_rule_layouts_out_down_to_streaming(tmp_path):
     _metrics(tmp_path)
-    # B needs 3.06 TB there, A 2.35 TB: on a 2.5 TB rented disk only A remains, though it costs more.
+    # A and B need 3.06 TB there (the weights, to evaluate there, and the states): on a 2.5 TB rented disk only
+    # streaming remains.
     small = _plan(tmp_path, *SEED, "--disk-tb", "2.5")
-    assert small["recommendation"] == "A" and not small["scenarios"]["B"]["feasible"]
+    assert small["recommendation"] == "C" and not small["scenarios"]["B"]["feasible"]
     assert small["scenarios"]["B"]["problems"] == ["needs 3.06 TB there, more than its 2.50 TB"]
     assert "extract there (B) is ruled out: needs 3.06 TB there" in small["answer"][1]
     # (2.5e12 / 1.2 - 600e9 - checkpoints) / ((57,344 / 1.476 + 4) x 16,384) = 2,263 samples would fit B.
@@ -380,18 +420,18 @@ def test_disk_limits_rule_layouts_out_down_to_streaming(tmp_path):
     assert small["scenarios"]["B"]["disk"]["there"]["largest_samples"] == int(
         (2.5e12 / 1.2 - fixed) // ((57_344 / 1.476 + 4) * 16_384)
     )
-    # On a 1 TB rented disk only streaming fits (846 GB: weights, text, checkpoints and its 64 GB buffer).
+    # On a 1 TB rented disk too (846 GB: weights, text, checkpoints and its 64 GB buffer).
     tiny = _plan(tmp_path, *SEED, "--disk-tb", "1")
     assert tiny["scenarios"]["C"]["feasible"] and tiny["recommendation"] == "C"
     assert tiny["answer"][1].startswith(
-        "Stream the hidden states on the rented machine, storing none (C, train.hidden_states: streamed): 1.5 h "
-        "rented, $62 (ship 1.91 TB over 4.00 Gbit/s (A) is ruled out: needs 2.35 TB there, more than its 1.00 TB; "
+        "Stream the hidden states on the rented machine, storing none (C, train.hidden_states: streamed): 2.3 h "
+        "rented, $92 (ship 1.91 TB over 4.00 Gbit/s (A) is ruled out: needs 3.06 TB there, more than its 1.00 TB; "
         "extract there (B) is ruled out: needs 3.06 TB there, more than its 1.00 TB)"
     )
     # With a buffer that does not fit either, nothing does, and the answer says how many samples would.
     none = _plan(tmp_path, *SEED, "--disk-tb", "1", "--stream-buffer-gb", "300")
     assert none["recommendation"] is None
-    assert none["answer"][1].startswith("No layout works with these inputs: A: needs 2.35 TB there")
+    assert none["answer"][1].startswith("No layout works with these inputs: A: needs 3.06 TB there")
     assert "C: needs 1.13 TB there, more than its 1.00 TB (at most 0 samples" in none["answer"][1]
     assert "samples of this length fit there" in none["answer"][1]
     # At 400 Gbit/s shipping a token's states is cheaper than extracting it there: no break-even, A wins.
@@ -409,12 +449,12 @@ def test_gpu_presets_and_weights_that_do_not_fit_gpu_memory(tmp_path):
     b300 = _plan(tmp_path, *SEED, "--gpu", "b300")
     assert b300["rates"]["machine_usd_per_hour"] == 8 * 6.5
     assert b300["rates"]["extract_there_tokens_per_s"] == pytest.approx(EXTRACT_B200)  # same dense bf16 FLOP/s
-    # 600 GB of weights > 8 x 80 GB x 0.9: an H100 machine cannot extract (B) but can train on shipped states (A).
+    # 600 GB of weights > 8 x 80 GB x 0.9: every layout serves the verifier there to evaluate, so none runs on
+    # eight H100s.
     h100 = _plan(tmp_path, *SEED, "--gpu", "h100", "--gpu-usd-per-hour", "2")
-    assert h100["scenarios"]["B"]["problems"] == [
-        "the verifier's 600 GB of weights do not fit 8 x 80 GB x 0.9 of GPU memory there"
-    ]
-    assert h100["recommendation"] == "A" and h100["rates"]["machine_usd_per_hour"] == 16
+    problem = "the verifier's 600 GB of weights do not fit 8 x 80 GB x 0.9 of GPU memory there"
+    assert all(h100["scenarios"][key]["problems"] == [problem] for key in "ABC")
+    assert h100["recommendation"] is None and h100["rates"]["machine_usd_per_hour"] == 16
     assert h100["rates"]["train_tokens_per_s"] == pytest.approx(8 * 7134)
     assert any("do not fit there (8 x 80 GB x 0.9)" in w for w in h100["warnings"])
     long = _plan(tmp_path, "--samples", "3000", "--mean-tokens", "65536", "--gpu", "h200")

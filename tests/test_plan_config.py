@@ -56,10 +56,16 @@ def _plan(root, *args) -> dict:
     return json.loads(eagle3(root, "plan", *SEED, *args, "--json").stdout)
 
 
+# What the params decide beyond the flags: the runbook's counted work (answers from prepare's rows, the evaluation
+# of evaluate's configurations), so every figure priced from it.
+PRICED_FROM_WORK = ("scenarios", "recommendation", "largest_runs", "break_even_a_vs_b", "storage_options", "answer")
+
+
 def _figures(plan: dict) -> dict:
-    """Everything but where the inputs came from."""
-    inputs = {k: v for k, v in plan["inputs"].items() if k not in ("sources", "configuration", "configured_layout")}
-    return {**plan, "inputs": inputs}
+    """Everything the flags can also give: not where the inputs came from, nor the work only params count."""
+    dropped = ("sources", "configuration", "configured_layout", "work")
+    inputs = {k: v for k, v in plan["inputs"].items() if k not in dropped}
+    return {**{k: v for k, v in plan.items() if k not in PRICED_FROM_WORK}, "inputs": inputs}
 
 
 def test_the_params_decide_what_the_flags_would_and_each_input_names_its_source(tmp_path):
@@ -70,6 +76,13 @@ def test_the_params_decide_what_the_flags_would_and_each_input_names_its_source(
     by_hand.mkdir()
     from_params, from_flags = _plan(configured), _plan(by_hand, *FLAGS)
     assert _figures(from_params) == _figures(from_flags)
+    # The params also count the run's work: 2,000 + 128 held-out rows answered (no prepared data yet: one each),
+    # and each evaluate server's turns; without them no evaluation is priced.
+    work = from_params["inputs"]["work"]
+    assert work["answers"] == 2128 and [run["configuration"] for run in work["evaluation"]] == ["none", "eagle3 k=3"]
+    assert from_flags["inputs"]["work"]["evaluation"] == []
+    steps = [step["name"] for step in from_params["scenarios"]["B"]["steps"]]
+    assert steps[-3:] == ["evaluate none", "evaluate eagle3 k=3", "push_results"]
     assert set(CHANGED) and len(FLAGS) == 2 * len(CONFIGURED)
     # Against a hand computation: 2000 x 16384 tokens, 3 captured layers of 7168 bf16 values; fp8-aux storage.
     tokens = 2000 * 16384

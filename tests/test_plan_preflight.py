@@ -86,8 +86,10 @@ def test_measured_figures_replace_the_derived_ones(tmp_path):
     assert "disk 5 TB (free space at data/hidden, measured by preflight" in sources["there"]
     b = plan["scenarios"]["B"]
     train_s = 4 * TOKENS / (8 * 9000)
-    assert b["rented_steps_s"] == pytest.approx(
-        {"fetch_weights": 1200, "ship_text": TEXT / LINK, "extract": TOKENS / 80000, "train": train_s}
+    steps = {name: b["rented_steps_s"][name] for name in ("fetch_weights", "ship_text", "extract", "train")}
+    start = 600e9 / 2e9 + 60  # the engine extraction starts on vLLM
+    assert steps == pytest.approx(
+        {"fetch_weights": 1200, "ship_text": TEXT / LINK, "extract": TOKENS / 80000 + start, "train": train_s}
     )
     assert b["cost_usd"] == pytest.approx(b["rented_s"] * USD_PER_S)
     # 5 TB free there: (5e12 / 1.2 - 600 GB of weights - checkpoints) / bytes per sample bounds scenario B.
@@ -102,7 +104,7 @@ def test_measured_figures_replace_the_derived_ones(tmp_path):
     here = _report(tmp_path / "here.json")
     both = _plan(tmp_path, *SEED, "--preflight", str(there), "--here-preflight", str(here))
     assert both["rates"]["extract_here_tokens_per_s"] == 80000 and both["inputs"]["here"]["disk_tb"] == 5.0
-    assert both["scenarios"]["A"]["here_steps_s"] == pytest.approx({"extract_here": TOKENS / 80000})
+    assert both["scenarios"]["A"]["here_steps_s"]["extract_here"] == pytest.approx(TOKENS / 80000 + 600e9 / 2e9 + 60)
 
 
 @pytest.mark.parametrize(
@@ -145,6 +147,22 @@ def test_a_preflight_of_something_else_is_refused_for_those_figures(tmp_path, re
     if "ratio" in kept:
         without_flag = _plan(tmp_path, *SEED, "--preflight", str(path))
         assert without_flag["inputs"]["compression_ratio"] == 1.5
+
+
+def test_a_report_made_before_the_verifier_stage_is_refused_in_one_line(tmp_path):
+    """Preflight run before the verifier stage measures no verifier: its rates describe nothing the plan is for,
+    and a plan that silently fell back to derived figures would be priced on assumptions the user thinks measured."""
+    path = _report(tmp_path / "there.json")
+    report = json.loads(path.read_text())
+    report["identity"]["verifier"] = None
+    path.write_text(json.dumps(report))
+    result = eagle3(tmp_path, "plan", *SEED, "--preflight", str(path), check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"eagle3 plan: error: --preflight {path}: made before the verifier stage ran on {MACHINE}, so it measured no "
+        "verifier: run `dvc repro verifier` there (or `dvc pull` its record, with the weights in place), then "
+        "`eagle3 preflight` again"
+    )
 
 
 def test_a_report_from_a_machine_without_gpus_is_used_with_a_warning(tmp_path):

@@ -25,8 +25,6 @@ Sizes
     stored              = raw / compression_ratio
     largest_sample      = max_tokens * bytes_per_token              (one record, held in memory while written)
     text                = tokens * TEXT_BYTES_PER_TOKEN             (prompts + synthetic answers, before zstd)
-    train_tensors       = 2 * vocab_size * hidden_size * 2          (the verifier's embedding and lm_head in bf16:
-                                                                     all of the verifier that training reads)
     draft_params        = 10 * H^2 + 3 * H * intermediate + draft_vocab * H
                           (fc 3H^2; q, k, v from 2H to H: 6H^2; o_proj H^2; gated MLP; draft lm_head;
                            embeddings are the verifier's and are not stored)
@@ -36,7 +34,7 @@ Disk (per machine and scenario; every pipeline output is DVC-tracked, the verifi
 stage records where a local model is without copying it)
     cache               = 1 for hardlink, reflink or symlink (workspace and cache share the bytes), 2 for copy
     A here              = (stored + text) * cache * (1 + headroom)
-    A there             = (stored * cache + train_tensors + checkpoints * cache) * (1 + headroom)
+    A there             = (weights + (text + stored + checkpoints) * cache) * (1 + headroom)
     B here, C here      = text * cache * (1 + headroom)
     B there             = (weights + (text + stored + checkpoints) * cache) * (1 + headroom)
     C there             = (weights + (text + checkpoints) * cache + stream_buffer) * (1 + headroom)
@@ -52,15 +50,33 @@ Rates
                           part of the GPUs extraction gets beside the server), unless given or measured
     train_tokens_per_s  = gpus_there * per_gpu, per_gpu = TRAIN_MEASURED.tokens_per_s * gpu_tflops / its tflops
                           unless given; train = epochs * tokens / train_tokens_per_s
+    serve_here          = generate's measured completion tokens/s on this verifier, else given, else
+                          SERVE_TOKENS_PER_S_PER_GPU * here gpus (an assumption the plan names)
+    serve_there         = serve_here / here gpus / here tflops * there gpus * there tflops
+    server_start        = weights / SERVER_LOAD_BYTES_PER_S + SERVER_WARMUP_S, unless given
     machine_usd_per_h   = gpus * usd_per_gpu_hour
 
-Scenarios (rented time is what the bill counts; extraction here happens before renting and costs
-here_usd_per_hour, 0 for an owned machine)
-    A  rented = stored / link + train_tensors / weights_link + train
-    B  rented = weights / weights_link + text / link + tokens / extract_there + train
-    C  rented = weights / weights_link + text / link + epochs * tokens / extract_there + train
-       (the verifier and the trainer share the GPUs, so their times add)
-    cost = rented * machine_usd_per_h  (+ for A: tokens / extract_here * here_usd_per_hour)
+Scenarios: every step of docs/hero-run.md, in its order, on the machine that takes it (rented time is what the bill
+counts; generation and, in A, extraction happen here before renting, extraction costing here_usd_per_hour, 0 for an
+owned machine). Each step's counted work (answers, turns, tokens, bytes, server starts) is in the plan beside it.
+    here   generate             = answers * answer_tokens / serve_here + server_start
+           extract_here (A)     = tokens / extract_here (+ server_start where extract.backend is vllm)
+    there  setup                = SETUP_S (make setup: the CUDA lock's wheels)
+           gpu_check            = GPU_CHECK_S (make gpu-check)
+           fetch_weights        = weights / weights_link             (every layout: evaluation serves it there)
+           ship_text            = text / link
+           ship_hidden_states   = stored / link                      (A)
+           preflight            = sum(preflight budgets) + server_start * (1 + extraction on vllm)
+           extract (B)          = tokens / extract_there (+ server_start on vllm)
+           verifier_forward_all_epochs (C) = epochs * tokens / extract_there (+ server_start on vllm)
+                                  (the verifier and the trainer share the GPUs, so their times add)
+           train                = epochs * tokens / train_tokens_per_s
+           offline_estimate     = held-out tokens read / train_tokens_per_s
+           evaluate             = sum over configurations (each on its own server, one after the other):
+                                  server_start + runs * turns * evaluate.max_tokens / serve_there
+           push_results         = checkpoints / link
+    rented = the sum of there's steps; cost = rented * machine_usd_per_h (+ for A: extract_here's time *
+    here_usd_per_hour)
 
 Largest run (per scenario: every term above is linear in samples, so each scenario's cost, rented time and disk
 are f(N) = f(0) + N * (f(samples) - f(0)) / samples, f(0) its fixed part: the weights fetched, the tensors)
@@ -69,9 +85,9 @@ are f(N) = f(0) + N * (f(samples) - f(0)) / samples, f(0) its fixed part: the we
     by disk here/there  = largest samples that fit (above)
     samples             = the smallest of those given, bounded_by naming it; the disk each machine then needs
 
-Break-even between A and B (training is the same in both and cancels):
-    cost_A(N) = F_A + N * a,  F_A = train_tensors / weights_link * P,  a = stored_per_token / link * P + here_usd_tok
-    cost_B(N) = F_B + N * b,  F_B = weights / weights_link * P,  b = (text_per_token / link + 1 / extract_there) * P
+Break-even between A and B (the steps both take cancel; only B starts an engine to extract on vLLM):
+    cost_A(N) = F_A + N * a,  F_A = 0,  a = stored_per_token / link * P + here_usd_tok
+    cost_B(N) = F_B + N * b,  F_B = (server_start if extract.backend is vllm) * P,  b = P / extract_there
     (P: the rented machine's $/s; here_usd_tok: here_usd_per_hour / 3600 / extract_here)
     N* = (F_B - F_A) / (a - b) when a > b and F_B > F_A: A is cheaper below N*, B above. Otherwise the one with the
     lower per-token cost is cheaper at any size.
@@ -98,11 +114,22 @@ from eagle3.tools.plan_types import (
     size,
     weights_fit,
 )
+from eagle3.tools.preflight_items import BUDGETS_S as PREFLIGHT_BUDGETS_S
 
 # Prompts and answers as UTF-8 text: ~4 characters per token, before zstd.
 TEXT_BYTES_PER_TOKEN = 4
 # fp32 weights + AdamW's two fp32 moments, the state a resumable checkpoint must hold.
 CHECKPOINT_BYTES_PER_PARAM = 12
+# Assumptions for steps nothing measures before the run; each is named as one in the plan's output.
+# make setup on the rented machine: uv installs locks/cuda.txt (~6 GB of wheels) and compiles its bytecode.
+SETUP_S = 15 * 60
+# make gpu-check: the GPU tests and a preflight on the embedded default, within its time box.
+GPU_CHECK_S = 9 * 60
+# A server's start: its weights read from a local NVMe disk (~2 GB/s), then CUDA graphs and the KV cache.
+SERVER_LOAD_BYTES_PER_S = 2 * GB
+SERVER_WARMUP_S = 60
+# Output tokens/s a `vllm serve` of a large MoE verifier gives per GPU at a few hundred requests in flight.
+SERVE_TOKENS_PER_S_PER_GPU = 250.0
 
 
 @dataclass(frozen=True)
@@ -119,7 +146,6 @@ class Sizes:
     hidden_states: HiddenStates
     text_bytes: float
     verifier_weights_bytes: float
-    verifier_train_tensors_bytes: int
     draft_params: int
     checkpoints_bytes: int
     stored_bytes_per_token: float = field(metadata=NOT_IN_JSON)
@@ -138,7 +164,6 @@ def compute_sizes(inputs: Inputs, compression_ratio: float) -> Sizes:
         hidden_states=HiddenStates(raw, raw / compression_ratio, inputs.max_tokens * bytes_per_token),
         text_bytes=tokens * TEXT_BYTES_PER_TOKEN,
         verifier_weights_bytes=v.weights_bytes,
-        verifier_train_tensors_bytes=2 * v.vocab_size * v.hidden_size * 2,
         draft_params=draft_params,
         checkpoints_bytes=draft_params * CHECKPOINT_BYTES_PER_PARAM * inputs.keep_checkpoints,
         stored_bytes_per_token=bytes_per_token / compression_ratio,
@@ -153,6 +178,9 @@ class Rates:
     extract_there_tokens_per_s: float
     extract_here_tokens_per_s: float
     train_tokens_per_s: float
+    serve_here_tokens_per_s: float
+    serve_there_tokens_per_s: float
+    server_start_s: float
     machine_usd_per_hour: float
     usd_per_s: float = field(metadata=NOT_IN_JSON)  # P: what the formulas bill by
 
@@ -170,6 +198,10 @@ def compute_rates(inputs: Inputs) -> Rates:
     v, there, here, mfu = inputs.verifier, inputs.there, inputs.here, inputs.mfu
     flops = 2 * (v.active_params or 0) + 2 * v.num_layers * inputs.mean_tokens * v.hidden_size
     usd_per_s = there.gpus * there.usd_per_gpu_hour / 3600
+    serve_here = inputs.serve_tokens_per_s or SERVE_TOKENS_PER_S_PER_GPU * here.gpus
+    server_start = inputs.server_start_s
+    if server_start is None:
+        server_start = (v.weights_bytes or 0) / SERVER_LOAD_BYTES_PER_S + SERVER_WARMUP_S
     return Rates(
         link_bytes_per_s=inputs.link_gbit * 1e9 * inputs.link_efficiency / 8,
         weights_link_bytes_per_s=inputs.weights_link_gbit * 1e9 * inputs.link_efficiency / 8,
@@ -177,6 +209,9 @@ def compute_rates(inputs: Inputs) -> Rates:
         extract_there_tokens_per_s=inputs.there_tokens_per_s or extraction_rate(there, mfu, 1.0, flops),
         extract_here_tokens_per_s=inputs.here_tokens_per_s or extraction_rate(here, mfu, inputs.here_share, flops),
         train_tokens_per_s=there.gpus * (inputs.train_tokens_per_s_per_gpu or train_rate_per_gpu(there)),
+        serve_here_tokens_per_s=serve_here,
+        serve_there_tokens_per_s=serve_here / here.gpus / here.tflops * there.gpus * there.tflops,
+        server_start_s=server_start,
         machine_usd_per_hour=usd_per_s * 3600,
         usd_per_s=usd_per_s,
     )
@@ -228,7 +263,7 @@ def compute_disk(inputs: Inputs, sizes: Sizes) -> dict[str, ScenarioDisk]:
     with_weights = sizes.verifier_weights_bytes + checkpoints
     # (fixed bytes, bytes per sample) of each machine's formula, here then there, before headroom
     terms = {
-        "A": ((0.0, sample_states + sample_text), (sizes.verifier_train_tensors_bytes + checkpoints, sample_states)),
+        "A": ((0.0, sample_states + sample_text), (with_weights, sample_text + sample_states)),
         "B": ((0.0, sample_text), (with_weights, sample_text + sample_states)),
         "C": ((0.0, sample_text), (with_weights + inputs.stream_buffer_gb * GB, sample_text)),
     }
@@ -245,8 +280,22 @@ class BudgetVerdict:
 
 
 @dataclass(frozen=True)
+class Step:
+    """One step of the runbook: where it runs, its time, the work it counts (in words and as numbers: answers,
+    turns, tokens, bytes, server_starts) and where its rate comes from."""
+
+    machine: str  # "here" (before renting) or "there" (rented)
+    name: str
+    seconds: float
+    work: str
+    counted: dict[str, float]
+    source: str
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
+    steps: list[Step]
     rented_steps_s: dict[str, float]
     here_steps_s: dict[str, float]
     rented_s: float
@@ -276,33 +325,29 @@ def _within(budget: Budget | None, value: float) -> str | None:
     return "below" if budget.low is not None and value < budget.low else "inside"
 
 
-def _scenario(
-    inputs: Inputs,
-    rates: Rates,
-    name: str,
-    disk: ScenarioDisk,
-    rented_steps: dict[str, float],
-    here_steps: dict[str, float] | None = None,
-    here_usd: float = 0.0,
-    weights_there: float | None = None,
-) -> Scenario:
-    """One scenario from its steps and disk; `weights_there`: the verifier's weights where it runs on the rented
-    machine's GPUs."""
-    there, here_steps = inputs.there, here_steps or {}
+def _scenario(inputs: Inputs, rates: Rates, name: str, disk: ScenarioDisk, steps: list[Step]) -> Scenario:
+    """One scenario from its steps and disk; what rules it out (a disk too small, weights that do not fit the GPUs
+    there: every layout serves the verifier there to evaluate)."""
+    there = inputs.there
+    rented_steps = {step.name: step.seconds for step in steps if step.machine == "there"}
+    here_steps = {step.name: step.seconds for step in steps if step.machine == "here"}
     rented = sum(rented_steps.values())
     problems = [
         f"needs {size(need.bytes)} {side}, more than its {size(need.budget_tb * TB)}"
         for side, need in disk.sides()
         if not need.fits
     ]
-    if weights_there is not None and not weights_fit(weights_there, there):
+    weights = inputs.verifier.weights_bytes
+    if not weights_fit(weights, there):
         problems.append(
-            f"the verifier's {weights_there / GB:,.0f} GB of weights do not fit {there.gpus} x {there.memory_gb:g} GB "
+            f"the verifier's {weights / GB:,.0f} GB of weights do not fit {there.gpus} x {there.memory_gb:g} GB "
             f"x {GPU_MEMORY_UTILIZATION} of GPU memory there"
         )
+    here_usd = here_steps.get("extract_here", 0.0) * inputs.here_usd_per_hour / 3600
     cost = rented * rates.usd_per_s + here_usd
     return Scenario(
         name=name,
+        steps=steps,
         rented_steps_s=rented_steps,
         here_steps_s=here_steps,
         rented_s=rented,
@@ -315,44 +360,128 @@ def _scenario(
     )
 
 
+def _transfer(machine: str, name: str, what: str, nbytes: float, rate: float, source: str) -> Step:
+    return Step(machine, name, nbytes / rate, f"{what}: {size(nbytes)}", {"bytes": nbytes}, source)
+
+
+def _starting(work: str, counted: dict[str, float], starts: int, rates: Rates) -> tuple[str, dict[str, float], float]:
+    """Work, counts and seconds of `starts` engine or server starts added to a step's."""
+    if not starts:
+        return work, counted, 0.0
+    return (
+        f"{work}; {starts} start{'s' * (starts > 1)} of the verifier",
+        {**counted, "server_starts": starts},
+        starts * rates.server_start_s,
+    )
+
+
+def _measured(what: str, measured: float | None) -> str:
+    """What a transfer ships: measured (the outputs as they are here) or estimated from the plan's sizes."""
+    return f"{what} (as they are here)" if measured is not None else what
+
+
+def run_steps(inputs: Inputs, sizes: Sizes, rates: Rates, layout: str) -> list[Step]:
+    """Every step of docs/hero-run.md for `layout`, in its order (formulas: the module docstring)."""
+    work, sources = inputs.work, inputs.sources
+    link, weights_link = rates.link_bytes_per_s, rates.weights_link_bytes_per_s
+    on_vllm = 1 if work.extract_on_vllm else 0
+    generated = work.answers * work.answer_tokens
+    steps = [
+        Step(
+            "here",
+            "generate",
+            generated / rates.serve_here_tokens_per_s + rates.server_start_s,
+            f"{work.answers:,} answers ({work.answers_source}) x {work.answer_tokens:,.0f} tokens "
+            f"({work.answer_tokens_source}); 1 start of the verifier",
+            {"answers": work.answers, "tokens": generated, "server_starts": 1},
+            sources["serve"],
+        )
+    ]
+    if layout == "A":
+        words, counted, starts = _starting(f"{sizes.tokens:,.0f} tokens", {"tokens": sizes.tokens}, on_vllm, rates)
+        seconds = sizes.tokens / rates.extract_here_tokens_per_s + starts
+        steps.append(Step("here", "extract_here", seconds, words, counted, "extraction here"))
+    weights_source = "the weights link" if inputs.weights_link_gbit != inputs.link_gbit else "the link"
+    text = work.text_bytes or sizes.text_bytes
+    steps += [
+        Step("there", "setup", SETUP_S, "make setup: locks/cuda.txt", {}, "assumed"),
+        Step("there", "gpu_check", GPU_CHECK_S, "make gpu-check", {}, "assumed: its time box"),
+        _transfer(
+            "there",
+            "fetch_weights",
+            "the verifier's weights",
+            sizes.verifier_weights_bytes,
+            weights_link,
+            weights_source,
+        ),
+        _transfer("there", "ship_text", _measured("prompts and answers", work.text_bytes), text, link, "the link"),
+    ]
+    if layout == "A":
+        stored = work.states_bytes or sizes.hidden_states.stored_bytes
+        what = _measured("the hidden states", work.states_bytes)
+        steps.append(_transfer("there", "ship_hidden_states", what, stored, link, "the link"))
+    words, counted, starts = _starting("its measurements", {}, 1 + on_vllm, rates)
+    budgets = sum(PREFLIGHT_BUDGETS_S.values())
+    steps.append(Step("there", "preflight", budgets + starts, words, counted, "its items' time budgets"))
+    if layout in ("B", "C"):
+        # C: the verifier's forward in every epoch, beside the trainer.
+        name, forward = ("extract", sizes.tokens) if layout == "B" else ("verifier_forward_all_epochs", 0.0)
+        forward = forward or inputs.epochs * sizes.tokens
+        epochs = "" if layout == "B" else f" ({inputs.epochs} epochs)"
+        words, counted, starts = _starting(f"{forward:,.0f} tokens{epochs}", {"tokens": forward}, on_vllm, rates)
+        seconds = forward / rates.extract_there_tokens_per_s + starts
+        steps.append(Step("there", name, seconds, words, counted, "extraction there"))
+    trained = inputs.epochs * sizes.tokens
+    steps.append(
+        Step(
+            "there",
+            "train",
+            trained / rates.train_tokens_per_s,
+            f"{trained:,.0f} tokens ({inputs.epochs} epochs)",
+            {"tokens": trained},
+            "training there",
+        )
+    )
+    if work.held_out_tokens:
+        steps.append(
+            Step(
+                "there",
+                "offline_estimate",
+                work.held_out_tokens / rates.train_tokens_per_s,
+                f"at most {work.held_out_tokens:,} held-out tokens (evaluate.offline.max_tokens)",
+                {"tokens": work.held_out_tokens},
+                "the training rate",
+            )
+        )
+    for run in work.evaluation:
+        turns = run.runs * run.turns
+        tokens = turns * work.evaluate_max_tokens
+        steps.append(
+            Step(
+                "there",
+                f"evaluate {run.configuration}",
+                tokens / rates.serve_there_tokens_per_s + rates.server_start_s,
+                f"{run.runs} x {run.turns:,} turns ({work.evaluation_source}) x at most "
+                f"{work.evaluate_max_tokens:,} tokens; 1 start of the verifier",
+                {"turns": turns, "tokens": tokens, "server_starts": 1},
+                sources["serve_there"],
+            )
+        )
+    steps.append(_transfer("there", "push_results", "the checkpoints", sizes.checkpoints_bytes, link, "the link"))
+    return steps
+
+
 def compute_scenarios(inputs: Inputs, sizes: Sizes, rates: Rates) -> Scenarios:
     """Scenarios: each layout's steps, rented time, cost and disk, and what rules it out."""
     disk = compute_disk(inputs, sizes)
-    train = inputs.epochs * sizes.tokens / rates.train_tokens_per_s
-    fetch_weights = sizes.verifier_weights_bytes / rates.weights_link_bytes_per_s
-    ship_text = sizes.text_bytes / rates.link_bytes_per_s
-    extract_there = sizes.tokens / rates.extract_there_tokens_per_s
-    extract_here = sizes.tokens / rates.extract_here_tokens_per_s
-    shipped = {
-        "ship_hidden_states": sizes.hidden_states.stored_bytes / rates.link_bytes_per_s,
-        "fetch_verifier_tensors": sizes.verifier_train_tensors_bytes / rates.weights_link_bytes_per_s,
-        "train": train,
-    }
     scenario = partial(_scenario, inputs, rates)
     return Scenarios(
-        A=scenario(
-            "extract here, ship hidden states",
-            disk["A"],
-            shipped,
-            here_steps={"extract_here": extract_here},
-            here_usd=extract_here * inputs.here_usd_per_hour / 3600,
-        ),
-        B=scenario(
-            "ship text, extract on the rented machine",
-            disk["B"],
-            {"fetch_weights": fetch_weights, "ship_text": ship_text, "extract": extract_there, "train": train},
-            weights_there=sizes.verifier_weights_bytes,
-        ),
+        A=scenario("extract here, ship hidden states", disk["A"], run_steps(inputs, sizes, rates, "A")),
+        B=scenario("ship text, extract on the rented machine", disk["B"], run_steps(inputs, sizes, rates, "B")),
         C=scenario(
             "ship text, stream the hidden states on the rented machine (train.hidden_states: streamed)",
             disk["C"],
-            {
-                "fetch_weights": fetch_weights,
-                "ship_text": ship_text,
-                "verifier_forward_all_epochs": inputs.epochs * extract_there,
-                "train": train,
-            },
-            weights_there=sizes.verifier_weights_bytes,
+            run_steps(inputs, sizes, rates, "C"),
         ),
     )
 
@@ -380,8 +509,11 @@ class LargestRuns:
 
 
 def compute_largest_runs(inputs: Inputs, scenarios: Scenarios, rates: Rates) -> LargestRuns:
-    """Largest run: per scenario, the most samples of this length the budgets and disks allow, and which binds."""
-    empty = replace(inputs, samples=0)
+    """Largest run: per scenario, the most samples of this length the budgets and disks allow, and which binds.
+    Extrapolated from the plan's per-sample sizes: shipped outputs measured here are this run's, not a sample's."""
+    estimated = replace(inputs, work=replace(inputs.work, text_bytes=None, states_bytes=None))
+    scenarios = compute_scenarios(estimated, compute_sizes(estimated, inputs.compression_ratio), rates)
+    empty = replace(estimated, samples=0)
     at_zero = compute_scenarios(empty, compute_sizes(empty, inputs.compression_ratio), rates)
 
     def largest(key: str) -> LargestRun:
@@ -416,12 +548,12 @@ class BreakEven:
 
 def compute_break_even(inputs: Inputs, sizes: Sizes, rates: Rates) -> BreakEven:
     """Break-even between A and B."""
-    usd_per_s, link, weights_link = rates.usd_per_s, rates.link_bytes_per_s, rates.weights_link_bytes_per_s
-    fixed_a = sizes.verifier_train_tensors_bytes / weights_link * usd_per_s
-    fixed_b = sizes.verifier_weights_bytes / weights_link * usd_per_s
+    usd_per_s, link = rates.usd_per_s, rates.link_bytes_per_s
+    fixed_a = 0.0
+    fixed_b = (rates.server_start_s if inputs.work.extract_on_vllm else 0.0) * usd_per_s
     here_usd_per_token = inputs.here_usd_per_hour / 3600 / rates.extract_here_tokens_per_s
     per_token_a = sizes.stored_bytes_per_token / link * usd_per_s + here_usd_per_token
-    per_token_b = (TEXT_BYTES_PER_TOKEN / link + 1 / rates.extract_there_tokens_per_s) * usd_per_s
+    per_token_b = usd_per_s / rates.extract_there_tokens_per_s
     if per_token_a > per_token_b and fixed_b > fixed_a:
         n = (fixed_b - fixed_a) / (per_token_a - per_token_b)
         return BreakEven(

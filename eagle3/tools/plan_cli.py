@@ -166,14 +166,15 @@ def _disk_cell(disk: DiskNeed) -> str:
 
 def render(plan: Plan) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     # A pipe gets 80 columns by default, which folds the scenario table into unreadable cells.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     for line in answer(plan):
-        console.print(f"[bold]{line}[/bold]")
+        console.print(f"[bold]{escape(line)}[/bold]")
     for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     inputs, v, sizes = plan.inputs, plan.inputs.verifier, plan.sizes
     console.print(
         f"\n{v.name}: hidden {v.hidden_size}, {v.num_layers} layers, vocab {v.vocab_size}; "
@@ -196,11 +197,8 @@ def render(plan: Plan) -> None:
         f"raw / {inputs.compression_ratio:g} ({inputs.sources['compression_ratio']})",
     )
     table.add_row("largest sample", size(hidden.largest_sample_bytes), f"{inputs.max_tokens:,} tokens")
-    table.add_row("verifier weights", size(sizes.verifier_weights_bytes), "there in B and C; never copied by DVC")
     table.add_row(
-        "verifier embedding + lm_head",
-        size(sizes.verifier_train_tensors_bytes),
-        "all of the verifier that training reads (there in A)",
+        "verifier weights", size(sizes.verifier_weights_bytes), "fetched there in every layout; never copied by DVC"
     )
     table.add_row("prompts + answers (text)", size(sizes.text_bytes), f"~{TEXT_BYTES_PER_TOKEN} B per token")
     table.add_row(
@@ -225,6 +223,9 @@ def render(plan: Plan) -> None:
         ("extraction there", f"{rates.extract_there_tokens_per_s:,.0f} tokens/s", sources["extract_there"]),
         ("extraction here", f"{rates.extract_here_tokens_per_s:,.0f} tokens/s", sources["extract_here"]),
         ("training there", f"{rates.train_tokens_per_s:,.0f} tokens/s", sources["train"]),
+        ("serving here (generate)", f"{rates.serve_here_tokens_per_s:,.0f} tokens/s", sources["serve"]),
+        ("serving there (evaluate)", f"{rates.serve_there_tokens_per_s:,.0f} tokens/s", sources["serve_there"]),
+        ("a start of the verifier", duration(rates.server_start_s), sources["server_start"]),
         ("DVC cache link", inputs.cache_link, sources["cache_link"]),
     ]
     table = Table(title="Rates and machines", title_justify="left")
@@ -235,6 +236,8 @@ def render(plan: Plan) -> None:
     console.print(table)
 
     _render_train_memory(console, plan)
+
+    _render_run(console, plan)
 
     table = Table(title="Scenarios (rented time includes training)", title_justify="left")
     for column in ("", "scenario", "rented steps", "rented", "cost", "disk there", "disk here"):
@@ -276,6 +279,29 @@ def render(plan: Plan) -> None:
             f"break-even A vs B: {even.tokens:,.0f} tokens = {even.samples:,.0f} samples of this length "
             f"({size(even.raw_bytes)} raw, {size(even.stored_bytes)} stored); {even.meaning}"
         )
+
+
+def _render_run(console, plan: Plan) -> None:
+    """The recommended layout (else B) step by step, as docs/hero-run.md takes the steps, with the work each
+    counts and where its rate comes from; the rented total against the budget."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    key = plan.recommendation or "B"
+    scenario = getattr(plan.scenarios, key)
+    table = Table(
+        title=f"The run in layout {key}, step by step (docs/hero-run.md): {duration(scenario.rented_s)} rented, "
+        f"{dollars(scenario.cost_usd)}",
+        title_justify="left",
+    )
+    for column in ("where", "step", "time", "work", "rate from"):
+        table.add_column(column, justify="right" if column == "time" else "left")
+    for step in scenario.steps:
+        where = "here, before renting" if step.machine == "here" else "there"
+        table.add_row(
+            where, step.name.replace("_", " "), duration(step.seconds), escape(step.work), escape(step.source)
+        )
+    console.print(table)
 
 
 def _render_train_memory(console, plan: Plan) -> None:

@@ -40,6 +40,7 @@ class Configured:
     layout: str | None  # "C" for streamed states, "A or B" for stored ones
     verifier_name: str | None
     verifier_local: bool = False  # a `local` source: its directory may be on this machine
+    params: Any = None  # the validated params (eagle3.config.Params)
 
 
 def _value(params: Any, flag: str) -> Any:
@@ -87,4 +88,5 @@ def apply(args: argparse.Namespace, params_path: Path) -> tuple[Configured, dict
     layout = "C" if params.train.hidden_states == "streamed" else "A or B"
     source = params.verifier.source
     local = source.kind == "local"
-    return Configured(params_path, layout, source.name if local else source.upstream_model, local), sources
+    name = source.name if local else source.upstream_model
+    return Configured(params_path, layout, name, local, params), sources

@@ -115,6 +115,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--here-usd-per-hour", type=float, default=0.0, help="cost of an hour of extraction here (default 0: owned)"
     )
     here.add_argument(
+        "--serve-tokens-per-s",
+        type=float,
+        help="output tokens/s of the verifier's server here, for generate and (scaled to the rented GPUs) evaluate "
+        "(default: what generate measured on this verifier, else an assumption per GPU)",
+    )
+    here.add_argument(
+        "--server-start-min",
+        type=float,
+        help="minutes to start the verifier, a server or an engine (default: its weights at 2 GB/s plus 1 min)",
+    )
+    here.add_argument(
         "--here-disk-tb", type=float, help="its data volume, TB (default: --here-preflight's free space, else 3)"
     )
     measured = parser.add_argument_group("measured by `eagle3 preflight` (explicit flags above still win)")
@@ -222,7 +233,7 @@ POSITIVE = (
     "samples mean_tokens max_tokens layers bytes_per_element link_gbit link_efficiency weights_link_gbit "
     "extract_tokens_per_s gpus gpu_tflops mfu here_gpus here_share here_tokens_per_s train_tokens_per_s epochs "
     "draft_vocab keep_checkpoints stream_buffer_gb disk_tb here_disk_tb compression_ratio active_params weights_gb "
-    "probe_mb jobs ttt_steps"
+    "probe_mb jobs ttt_steps serve_tokens_per_s server_start_min"
 ).split()
 
 
@@ -256,6 +267,8 @@ LIMITS = {
     "gpu_usd_per_hour": 1e6,
     "here_usd_per_hour": 1e9,
     "headroom": 100,
+    "serve_tokens_per_s": 1e12,
+    "server_start_min": 1e6,
 }
 
 

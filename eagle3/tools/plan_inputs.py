@@ -33,6 +33,7 @@ from eagle3.tools.plan_types import (
     weights_fit,
 )
 from eagle3.tools.plan_verifier import require_parameter_count, verifier_from_args
+from eagle3.tools.plan_work import RunWork, run_work
 
 # This machine's data volume where neither --here-disk-tb nor --here-preflight says.
 HERE_DISK_TB = 3.0
@@ -301,6 +302,46 @@ def _choose_verifier(args: argparse.Namespace, root: Path, configured: Configure
     )
 
 
+def planned_work(args: argparse.Namespace, root: Path, configured: Configured) -> RunWork:
+    """The runbook's counted work from the params and the project; without a params file, one answer of the mean
+    sample's length per sample and no evaluation."""
+    if configured.params is not None:
+        return run_work(configured.params, root, configured.verifier_name)
+    return RunWork(
+        answers=args.samples,
+        answers_source="no params file: one answer per sample (assumed)",
+        answer_tokens=args.mean_tokens,
+        answer_tokens_source="--mean-tokens each (assumed)",
+        evaluation=[],
+        evaluation_source="no params file: evaluation not priced",
+        evaluate_max_tokens=0,
+        evaluate_on_servers=True,
+        extract_on_vllm=True,
+        held_out_tokens=0,
+    )
+
+
+def serving_rate(args: argparse.Namespace, root: Path, configured: Configured) -> tuple[float | None, str]:
+    """Output tokens/s of the verifier's server here: --serve-tokens-per-s, else what generate measured on it (its
+    servers, or its engine), else None (assumed per GPU: eagle3/tools/plan.py), with the source."""
+    from eagle3.tools.plan import SERVE_TOKENS_PER_S_PER_GPU
+
+    if args.serve_tokens_per_s is not None:
+        return args.serve_tokens_per_s, "--serve-tokens-per-s"
+    try:
+        metrics = json.loads((root / GENERATE_METRICS).read_text())
+        rate = float(metrics["this_run"]["completion_tokens_per_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        rate = 0.0
+    measured_on = measured_verifier(root)
+    if rate > 0 and measured_on is not None and measured_on == configured.verifier_name:
+        return rate, f"measured by generate on {measured_on} ({GENERATE_METRICS})"
+    return None, (
+        f"assumed: {SERVE_TOKENS_PER_S_PER_GPU:g} output tokens/s per GPU of a busy server (generate measures it; "
+        "or --serve-tokens-per-s)"
+    )
+
+
 def measured_mean_tokens(args: argparse.Namespace, root: Path, configured: Configured) -> str:
     """--mean-tokens, else generate's: the tokens of a training sequence (its prompt with the history, and the
     answer) per assistant turn, where generate ran on the verifier the params configure; its source."""
@@ -358,7 +399,16 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         extract_there = "--extract-tokens-per-s"
     else:
         extract_there = there_preflight.sources.get("extract") or _derived_words(there, args.mfu)
+    work = planned_work(args, root, configured)
+    serve, serve_source = serving_rate(args, root, configured)
+    here_words = f"{here.gpus} x {GPUS[here.gpu].name}"
+    there_words = f"{there.gpus} x {GPUS[there.gpu].name}"
     sources = {
+        "serve": serve_source,
+        "serve_there": f"serving here per GPU and TFLOP/s, on {there_words} (here {here_words})",
+        "server_start": "--server-start-min"
+        if args.server_start_min is not None
+        else "the weights read at 2 GB/s, plus a minute for CUDA graphs and the KV cache (assumption)",
         "mean_tokens": mean_tokens_source,
         "verifier": verifier_source,
         "compression_ratio": compression.source,
@@ -407,6 +457,9 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         configured_layout=configured.layout,
         sources=sources,
         configuration=configuration,
+        work=work,
+        serve_tokens_per_s=serve,
+        server_start_s=args.server_start_min * 60 if args.server_start_min is not None else None,
         warnings=([verifier_warning] if verifier_warning else [])
         + there_preflight.warnings
         + here_preflight.warnings

@@ -202,6 +202,12 @@ def figures_from(
         figures.disk_tb = free / TB
         figures.sources["disk"] = f"free space at data/hidden, {where}"
     measured_on = (identity.get("verifier") or {}).get("name")
+    if measured_on is None:
+        raise Eagle3Error(
+            f"{flag} {path}: made before the verifier stage ran on {report.get('machine') or 'that machine'}, so it "
+            "measured no verifier: run `dvc repro verifier` there (or `dvc pull` its record, with the weights in "
+            "place), then `eagle3 preflight` again"
+        )
     if not same_verifier(identity, verifier, verifier_spec):
         figures.warnings.append(
             f"{flag} {path}: rates and compression ratio not used: measured with verifier {measured_on!r}, the plan "

@@ -207,5 +207,11 @@ class Inputs:
     sources: dict[str, str]
     # Each input the configuration decides (plan_config.CONFIGURED): where its value came from.
     configuration: dict[str, str]
+    # What the runbook's steps count: answers, evaluation turns, server starts (eagle3/tools/plan_work.py).
+    work: Any
+    # Output tokens/s of a `vllm serve` of the verifier here (generate's measured rate, or given); None: assumed.
+    serve_tokens_per_s: float | None
+    # Seconds to start the verifier (a server or an engine); None: from its weights' size.
+    server_start_s: float | None
     # The plan shows them at its top, before every figure, not among the inputs.
     warnings: list[str] = field(metadata=NOT_IN_JSON)

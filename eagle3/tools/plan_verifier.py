@@ -12,8 +12,9 @@ from eagle3.tools.plan_types import GB, PRESETS, VerifierShape
 
 
 def verifier_shape(spec: str) -> VerifierShape:
-    """A preset name, or a Hugging Face config.json (a multimodal one's `text_config` is used). The weights' size
-    comes from model.safetensors.index.json beside it, else from the *.safetensors files there."""
+    """A preset name, or a Hugging Face config.json (a multimodal one's `text_config` is used). The weights' size is
+    that of the *.safetensors files beside it (what a copy moves), else model.safetensors.index.json's total; the
+    parameters are counted from those files' headers."""
     if spec in PRESETS:
         return PRESETS[spec]
     path = Path(spec)
@@ -31,15 +32,14 @@ def verifier_shape(spec: str) -> VerifierShape:
             f"{path}: not a usable verifier config.json ({type(exc).__name__}: {exc}); it needs hidden_size, "
             "num_hidden_layers and vocab_size"
         ) from None
-    weights = None
+    # What is on disk (tensors and their headers: what a copy moves), else the index's tensor bytes.
+    weights = float(sum(f.stat().st_size for f in path.parent.glob("*.safetensors"))) or None
     index = path.with_name("model.safetensors.index.json")
-    if index.is_file():
+    if weights is None and index.is_file():
         try:
             weights = float(json.loads(index.read_text())["metadata"]["total_size"])
         except (OSError, ValueError, KeyError, TypeError):
             weights = None
-    if weights is None:
-        weights = float(sum(f.stat().st_size for f in path.parent.glob("*.safetensors"))) or None
     name = config.get("_name_or_path") or str(path.parent)
     total, active = parameter_counts(path.parent, text)
     return VerifierShape(name, hidden, layers, vocab, intermediate, total, active, weights, text)
