@@ -62,6 +62,54 @@ def test_turns_are_asked_one_by_one_after_the_greedy_answers():
     assert asked[3][1][0][1] == {"role": "assistant", "content": "the reference's answer"}
 
 
+def test_a_run_stopped_mid_way_resumes_from_its_kept_batches_and_gives_what_an_uninterrupted_one_gives(tmp_path):
+    """evaluate's kept measurements (eagle3/formats/evaluation_kept.py): a server that dies after the first turn's
+    batches loses nothing measured; the rerun asks only the rest, after the same (kept) greedy answers. A changed
+    setting empties the item, and a batch asked with other messages is asked again."""
+    from eagle3.formats.evaluation_kept import KeptEvaluation
+
+    first = [[{"role": "user", "content": "a1"}], [{"role": "user", "content": "b1"}]]
+    later = [["a2"], []]
+    asked = []
+
+    def ask(messages, number):
+        asked.append((number, [m[-1]["content"] for m in messages]))
+        completions = [{"token_ids": [number, len(asked)], "text": f"{number}:{m[-1]['content']}"} for m in messages]
+        return completions, {"num_drafts": 1}, 0.25
+
+    uninterrupted = ask_turn_by_turn(first, later, None, 2, ask)
+    asked.clear()
+
+    def dies_at_turn_one(messages, number):
+        if messages[0][-1]["content"] == "a2":
+            raise ConnectionError("the server restarted")
+        return ask(messages, number)
+
+    kept = KeptEvaluation(tmp_path / "evaluation")
+    item = kept.item("none", {"max_tokens": 32})
+    with pytest.raises(ConnectionError):
+        ask_turn_by_turn(first, later, None, 2, dies_at_turn_one, item)
+    assert [number for number, _ in asked] == [0, 1]  # turn 0, both samplings, kept
+    asked.clear()
+    resumed = ask_turn_by_turn(first, later, None, 2, ask, kept.item("none", {"max_tokens": 32}))
+    assert asked == [(0, ["a2"]), (1, ["a2"])]  # only turn 1 asked again
+
+    # The same answers (token ids record the order each batch was asked in: the kept ones are the first run's).
+    def texts(results):
+        return [[(c["conversation"], c["turn"], c["text"]) for c in r["completions"]] for r in results]
+
+    assert texts(resumed) == texts(uninterrupted)
+    assert [r["seconds"] for r in resumed] == [r["seconds"] for r in uninterrupted] == [0.5, 0.5]
+    # Another setting: nothing kept.
+    asked.clear()
+    ask_turn_by_turn(first, later, None, 2, ask, kept.item("none", {"max_tokens": 64}))
+    assert len(asked) == 4
+    # Other messages for a kept batch (another reference): asked again.
+    asked.clear()
+    ask_turn_by_turn(first, later, [["another answer"], []], 2, ask, kept.item("none", {"max_tokens": 64}))
+    assert asked == [(0, ["a2"]), (1, ["a2"])]
+
+
 def test_record_formats():
     assert user_turns(MT_BENCH[0], "turns") == (["Write a poem.", "Now shorter."], "Write a poem.")
     (code,), raw = user_turns({"prompt": "def f():"}, "code-completion")

@@ -150,3 +150,21 @@ def test_a_mean_longer_than_the_configured_sequences_is_one_line_naming_the_key(
         "eagle3 plan: error: --mean-tokens (16384) cannot exceed the longest sample, 8192 tokens "
         "(params.yaml extract.max_seq_len)"
     )
+
+
+def test_layout_c_whose_verifier_and_trainer_do_not_fit_a_gpu_is_ruled_out(tmp_path):
+    """The share of each GPU the params give the verifier beside the trainers, held to the GPU kind: as shipped for
+    stored states (0.9 of an H200) it leaves no room, as `eagle3 init --layout C --gpu h200` sizes it (0.64, phases)
+    it fits."""
+    from eagle3.tools.configs import render
+
+    params = yaml.safe_load(render("kimi-k2.5", "C", "h200"))
+    write_params(tmp_path, params)
+    sized = _plan(tmp_path)["scenarios"]["C"]
+    assert sized["problems"] == [] and sized["feasible"]
+    params["extract"]["vllm"]["gpu_memory_utilization"] = 0.9
+    write_params(tmp_path, params)
+    (problem,) = _plan(tmp_path)["scenarios"]["C"]["problems"]
+    assert problem.startswith(
+        "streamed states do not fit a GPU there: in phases, the verifier's 0.9 of a NVIDIA H200 SXM (127 GB) awake"
+    )

@@ -370,3 +370,42 @@ def _corrupted_then_repaired(tmp_path, env, root, digests, storage, secrets):
         last = unreachable.stderr.strip().splitlines()[-1]
         assert unreachable.returncode == 2 and "Traceback" not in unreachable.stderr, unreachable.stderr
         assert last.startswith("eagle3 repair: error: shards/shard-000.e3sh: ") and "check remote 'store'" in last
+
+
+def _remote_kinds() -> list[tuple[str, str, str]]:
+    """docs/hero-run.md's table of remote kinds: (kind, the URL its `dvc remote add` takes, its credential line)."""
+    from conftest import REPO
+
+    lines = (REPO / "docs/hero-run.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| remote | `dvc remote add -d store ...` |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        kind, url, credentials = (cell.strip() for cell in line.strip("|").split("|"))
+        rows.append((kind, url.strip("`"), credentials.strip("`")))
+    return rows
+
+
+@pytest.mark.parametrize("kind, url, credentials", _remote_kinds(), ids=[row[0] for row in _remote_kinds()])
+def test_each_remote_kind_the_runbook_offers_takes_its_own_credential_line(tmp_path, kind, url, credentials):
+    """The runbook's alternatives run as written: each kind of remote added, its credential line set with --local,
+    and DVC still reads its configuration (an S3 option on an SSH remote made every later DVC command fail)."""
+    env = _env(tmp_path / "home")
+    root = tmp_path / "project"
+    root.mkdir()
+    _run(root, env, "git", "init", "-q")
+    _run(root, env, "dvc", "init", "-q")
+    _run(root, env, "dvc", "remote", "add", "-d", "store", url)
+    _run(root, env, "dvc", "remote", "modify", "store", "verify", "true")
+    if credentials != "none":
+        option, value = credentials.split(" ", 1)
+        _run(root, env, "dvc", "remote", "modify", "--local", "store", option, value.replace("~", str(tmp_path)))
+    assert _run(root, env, "dvc", "remote", "list").stdout.split() == ["store", url, "(default)"]
+    assert "remote.store.verify=true" in _run(root, env, "dvc", "config", "--list").stdout
+    assert (root / ".dvc" / "config.local").exists() == (credentials != "none")
+    if kind == "SSH":
+        # The S3 line on an SSH remote (what the runbook's single line had every user run) is refused.
+        s3_line = ("credentialpath", str(tmp_path / "credentials"))
+        failed = _run(root, env, "dvc", "remote", "modify", "--local", "store", *s3_line, check=False)
+        assert failed.returncode != 0 and "extra keys not allowed" in failed.stderr

@@ -99,7 +99,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import partial
 
 from eagle3.gpu_kinds import GPUS
-from eagle3.tools.plan_memory import TrainMemory, compute_train_memory
+from eagle3.tools.plan_memory import StreamedFit, TrainMemory, compute_train_memory, streamed_fit, verifier_share
 from eagle3.tools.plan_types import (
     CACHE_LINKS,
     GB,
@@ -325,9 +325,21 @@ def _within(budget: Budget | None, value: float) -> str | None:
     return "below" if budget.low is not None and value < budget.low else "inside"
 
 
+def streamed_memory(inputs: Inputs) -> StreamedFit | None:
+    """Layout C on one GPU there: as the params set it, else as `eagle3 init --layout C` sizes it (the smallest share
+    that holds the verifier, side by side where that fits, else phases). None where the trainer's memory is not
+    estimated."""
+    memory = compute_train_memory(inputs.train_memory, inputs.max_tokens, inputs.there)
+    if inputs.streamed_share is not None:
+        return streamed_fit(memory, inputs.recompute, inputs.streamed_share, bool(inputs.streamed_phases))
+    share = verifier_share(inputs.verifier.weights_bytes, inputs.there.gpus, inputs.there.gpu)
+    fit = streamed_fit(memory, inputs.recompute, share, phases=False)
+    return fit if fit is None or fit.fits else streamed_fit(memory, inputs.recompute, share, phases=True)
+
+
 def _scenario(inputs: Inputs, rates: Rates, name: str, disk: ScenarioDisk, steps: list[Step]) -> Scenario:
     """One scenario from its steps and disk; what rules it out (a disk too small, weights that do not fit the GPUs
-    there: every layout serves the verifier there to evaluate)."""
+    there: every layout serves the verifier there to evaluate; in C the verifier beside the trainer)."""
     there = inputs.there
     rented_steps = {step.name: step.seconds for step in steps if step.machine == "there"}
     here_steps = {step.name: step.seconds for step in steps if step.machine == "here"}
@@ -343,6 +355,9 @@ def _scenario(inputs: Inputs, rates: Rates, name: str, disk: ScenarioDisk, steps
             f"the verifier's {weights / GB:,.0f} GB of weights do not fit {there.gpus} x {there.memory_gb:g} GB "
             f"x {GPU_MEMORY_UTILIZATION} of GPU memory there"
         )
+    streamed = streamed_memory(inputs) if "verifier_forward_all_epochs" in rented_steps else None
+    if streamed is not None and not streamed.fits:
+        problems.append(f"streamed states do not fit a GPU there: {streamed.words()}")
     here_usd = here_steps.get("extract_here", 0.0) * inputs.here_usd_per_hour / 3600
     cost = rented * rates.usd_per_s + here_usd
     return Scenario(

@@ -400,6 +400,10 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     else:
         extract_there = there_preflight.sources.get("extract") or _derived_words(there, args.mfu)
     work = planned_work(args, root, configured)
+    streamed = (None, None)
+    if configured.layout == "C":
+        train, extract = configured.params.train, configured.params.extract
+        streamed = (extract.vllm.gpu_memory_utilization, train.stream_phase_steps is not None)
     serve, serve_source = serving_rate(args, root, configured)
     here_words = f"{here.gpus} x {GPUS[here.gpu].name}"
     there_words = f"{there.gpus} x {GPUS[there.gpu].name}"
@@ -458,6 +462,8 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         sources=sources,
         configuration=configuration,
         work=work,
+        streamed_share=streamed[0],
+        streamed_phases=streamed[1],
         serve_tokens_per_s=serve,
         server_start_s=args.server_start_min * 60 if args.server_start_min is not None else None,
         warnings=([verifier_warning] if verifier_warning else [])

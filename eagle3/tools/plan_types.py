@@ -213,5 +213,9 @@ class Inputs:
     serve_tokens_per_s: float | None
     # Seconds to start the verifier (a server or an engine); None: from its weights' size.
     server_start_s: float | None
+    # Layout C as the params set it (the verifier's share of each GPU, phases or not); None: sized as `eagle3 init
+    # --layout C` would for --gpu.
+    streamed_share: float | None
+    streamed_phases: bool | None
     # The plan shows them at its top, before every figure, not among the inputs.
     warnings: list[str] = field(metadata=NOT_IN_JSON)
