@@ -21,9 +21,9 @@ PROJECT_FILES = ("dvc.yaml", "stages", "eagle3", "data/prompts", ".dvc/config", 
 # longest files start first, so that no long file starts last.
 SHARED_PROJECT_FILES = ("test_generate.py", "test_train.py", "test_streamed.py", "test_preflight.py")
 LONGEST_FIRST = (
+    "test_hero_rehearsal.py",
     *SHARED_PROJECT_FILES,
     "test_pipeline.py",
-    "test_hero_rehearsal.py",
     "test_generate_openai.py",
     "test_extract.py",
     "test_lineage.py",
