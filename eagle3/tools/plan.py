@@ -350,12 +350,14 @@ def _scenario(inputs: Inputs, rates: Rates, name: str, disk: ScenarioDisk, steps
         if not need.fits
     ]
     weights = inputs.verifier.weights_bytes
-    if not weights_fit(weights, there):
+    fits = weights_fit(weights, there)
+    if not fits:
         problems.append(
             f"the verifier's {weights / GB:,.0f} GB of weights do not fit {there.gpus} x {there.memory_gb:g} GB "
             f"x {GPU_MEMORY_UTILIZATION} of GPU memory there"
         )
-    streamed = streamed_memory(inputs) if "verifier_forward_all_epochs" in rented_steps else None
+    # Where the weights alone do not fit, the trainer beside them is no second problem for the user to solve.
+    streamed = streamed_memory(inputs) if fits and "verifier_forward_all_epochs" in rented_steps else None
     if streamed is not None and not streamed.fits:
         problems.append(f"streamed states do not fit a GPU there: {streamed.words()}")
     here_usd = here_steps.get("extract_here", 0.0) * inputs.here_usd_per_hour / 3600

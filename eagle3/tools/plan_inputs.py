@@ -4,7 +4,6 @@ error line naming its flag, and each input that was not given says its source (`
 mislead (`Inputs.warnings`)."""
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from eagle3.files import read_report_json
 from eagle3.formats.provenance import verifier_location
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.gpu_kinds import GPUS
-from eagle3.paths import EXTRACT_METRICS, GENERATE_METRICS, PROVENANCE
+from eagle3.paths import EXTRACT_METRICS
 from eagle3.tools.dvc_config import cache_option, usable_cache_link
 from eagle3.tools.plan_config import Configured
 from eagle3.tools.plan_config import apply as apply_configuration
@@ -33,7 +32,7 @@ from eagle3.tools.plan_types import (
     weights_fit,
 )
 from eagle3.tools.plan_verifier import require_parameter_count, verifier_from_args
-from eagle3.tools.plan_work import RunWork, run_work
+from eagle3.tools.plan_work import RunWork, measured_mean_tokens, measured_verifier, run_work, serving_rate
 
 # This machine's data volume where neither --here-disk-tb nor --here-preflight says.
 HERE_DISK_TB = 3.0
@@ -56,15 +55,6 @@ def read_extract_metrics(path: Path) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as exc:
         raise Eagle3Error(f"{path}: no usable compression_ratio ({type(exc).__name__}: {exc}); {fix}") from None
     return metrics
-
-
-def measured_verifier(root: Path) -> str | None:
-    """The verifier the project's metrics were measured on: the verifier stage's record (what extract read, as long
-    as `dvc status` is clean). None where the project has none."""
-    try:
-        return str(json.loads((root / PROVENANCE).read_text())["name"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -319,55 +309,6 @@ def planned_work(args: argparse.Namespace, root: Path, configured: Configured) -
         extract_on_vllm=True,
         held_out_tokens=0,
     )
-
-
-def serving_rate(args: argparse.Namespace, root: Path, configured: Configured) -> tuple[float | None, str]:
-    """Output tokens/s of the verifier's server here: --serve-tokens-per-s, else what generate measured on it (its
-    servers, or its engine), else None (assumed per GPU: eagle3/tools/plan.py), with the source."""
-    from eagle3.tools.plan import SERVE_TOKENS_PER_S_PER_GPU
-
-    if args.serve_tokens_per_s is not None:
-        return args.serve_tokens_per_s, "--serve-tokens-per-s"
-    try:
-        metrics = json.loads((root / GENERATE_METRICS).read_text())
-        rate = float(metrics["this_run"]["completion_tokens_per_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        rate = 0.0
-    measured_on = measured_verifier(root)
-    if rate > 0 and measured_on is not None and measured_on == configured.verifier_name:
-        return rate, f"measured by generate on {measured_on} ({GENERATE_METRICS})"
-    return None, (
-        f"assumed: {SERVE_TOKENS_PER_S_PER_GPU:g} output tokens/s per GPU of a busy server (generate measures it; "
-        "or --serve-tokens-per-s)"
-    )
-
-
-def measured_mean_tokens(args: argparse.Namespace, root: Path, configured: Configured) -> str:
-    """--mean-tokens, else generate's: the tokens of a training sequence (its prompt with the history, and the
-    answer) per assistant turn, where generate ran on the verifier the params configure; its source."""
-    if args.mean_tokens is not None:
-        return "--mean-tokens"
-    path = root / GENERATE_METRICS
-    verifier = measured_verifier(root)
-    if verifier is None or verifier != configured.verifier_name:
-        raise Eagle3Error(
-            f"--mean-tokens: give the mean tokens per sample (e.g. 16384); generate has not run on "
-            f"{configured.verifier_name or 'the planned verifier'} here to measure them"
-            + (f" ({path} is {verifier}'s)" if verifier else "")
-        )
-    try:
-        metrics = json.loads(path.read_text())
-        turns = int(metrics["assistant_turns"])
-        tokens = int(metrics["prompt_tokens"]) + int(metrics["completion_tokens"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise Eagle3Error(
-            f"--mean-tokens: give the mean tokens per sample (e.g. 16384); {path} has no generate metrics to measure "
-            "them from (`dvc repro generate` writes them)"
-        ) from None
-    if turns <= 0:
-        raise Eagle3Error(f"--mean-tokens: {path} counts no assistant turns; give --mean-tokens")
-    args.mean_tokens = tokens / turns
-    return f"{GENERATE_METRICS}: {tokens:,} prompt and answer tokens over {turns:,} turns, measured on {verifier}"
 
 
 def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:

@@ -1,9 +1,10 @@
 """What the runbook's steps count, for `eagle3 plan`: the answers generate asks for and their tokens, the turns
-evaluate asks each server, with the source of each count. Each comes from what the project already holds where it
+evaluate asks each server, the serving rate here, with the source of each count. Each comes from what the project already holds where it
 is there (the prepared prompts, the benchmark sets, generate's metrics: a count once its stage has run), else from
 the params with the assumption said. Reads no model.
 """
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +18,12 @@ from eagle3.paths import (
     HIDDEN_DIR,
     HIDDEN_INDEX,
     PREPARED_DIR,
+    PROVENANCE,
     SYNTHETIC_DIR,
     VERIFIER_DIR,
     prepared_split,
 )
+from eagle3.tools.plan_config import Configured
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,17 @@ class RunWork:
         return sum(run.runs * run.turns for run in self.evaluation)
 
 
+def measured_verifier(root: Path) -> str | None:
+    """The verifier the project's metrics were measured on: the verifier stage's record (what extract read, as long
+    as `dvc status` is clean). None where the project has none."""
+    try:
+        return str(json.loads((root / PROVENANCE).read_text())["name"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _generated(root: Path, verifier: str | None) -> dict[str, Any] | None:
     """generate's metrics, where it ran on `verifier`."""
-    from eagle3.tools.plan_inputs import measured_verifier
-
     try:
         metrics = json.loads((root / GENERATE_METRICS).read_text())
     except (OSError, ValueError):
@@ -129,8 +139,6 @@ def _size(paths: list[Path]) -> float:
 
 def shipped_sizes(root: Path, verifier: str | None) -> tuple[float | None, float | None]:
     """(text, states) bytes as the outputs here are, where their stages ran on `verifier`; None where not."""
-    from eagle3.tools.plan_inputs import measured_verifier
-
     if verifier is None or measured_verifier(root) != verifier:
         return None, None
     text = [root / path for path in (VERIFIER_DIR, PREPARED_DIR, BENCHMARKS_DIR, SYNTHETIC_DIR)]
@@ -159,3 +167,52 @@ def run_work(params: Any, root: Path, verifier: str | None) -> RunWork:
         text_bytes=text_bytes,
         states_bytes=states_bytes,
     )
+
+
+def serving_rate(args: argparse.Namespace, root: Path, configured: Configured) -> tuple[float | None, str]:
+    """Output tokens/s of the verifier's server here: --serve-tokens-per-s, else what generate measured on it (its
+    servers, or its engine), else None (assumed per GPU: eagle3/tools/plan.py), with the source."""
+    from eagle3.tools.plan import SERVE_TOKENS_PER_S_PER_GPU
+
+    if args.serve_tokens_per_s is not None:
+        return args.serve_tokens_per_s, "--serve-tokens-per-s"
+    try:
+        metrics = json.loads((root / GENERATE_METRICS).read_text())
+        rate = float(metrics["this_run"]["completion_tokens_per_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        rate = 0.0
+    measured_on = measured_verifier(root)
+    if rate > 0 and measured_on is not None and measured_on == configured.verifier_name:
+        return rate, f"measured by generate on {measured_on} ({GENERATE_METRICS})"
+    return None, (
+        f"assumed: {SERVE_TOKENS_PER_S_PER_GPU:g} output tokens/s per GPU of a busy server (generate measures it; "
+        "or --serve-tokens-per-s)"
+    )
+
+
+def measured_mean_tokens(args: argparse.Namespace, root: Path, configured: Configured) -> str:
+    """--mean-tokens, else generate's: the tokens of a training sequence (its prompt with the history, and the
+    answer) per assistant turn, where generate ran on the verifier the params configure; its source."""
+    if args.mean_tokens is not None:
+        return "--mean-tokens"
+    path = root / GENERATE_METRICS
+    verifier = measured_verifier(root)
+    if verifier is None or verifier != configured.verifier_name:
+        raise Eagle3Error(
+            f"--mean-tokens: give the mean tokens per sample (e.g. 16384); generate has not run on "
+            f"{configured.verifier_name or 'the planned verifier'} here to measure them"
+            + (f" ({path} is {verifier}'s)" if verifier else "")
+        )
+    try:
+        metrics = json.loads(path.read_text())
+        turns = int(metrics["assistant_turns"])
+        tokens = int(metrics["prompt_tokens"]) + int(metrics["completion_tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise Eagle3Error(
+            f"--mean-tokens: give the mean tokens per sample (e.g. 16384); {path} has no generate metrics to measure "
+            "them from (`dvc repro generate` writes them)"
+        ) from None
+    if turns <= 0:
+        raise Eagle3Error(f"--mean-tokens: {path} counts no assistant turns; give --mean-tokens")
+    args.mean_tokens = tokens / turns
+    return f"{GENERATE_METRICS}: {tokens:,} prompt and answer tokens over {turns:,} turns, measured on {verifier}"
