@@ -101,7 +101,7 @@ def measure(arm: str, config: DraftConfig, tokens: int, ttt_steps: int, device: 
         for _ in range(repeats + 1):
             started = time.perf_counter()
             result = train_step(
-                objective, objective, optimizer, batch, world, train.grad_clip, training_precision(train, device)
+                objective, objective, optimizer, [batch], world, train.grad_clip, training_precision(train, device)
             )
             float(result.loss)  # waits for the device
             times.append(time.perf_counter() - started)

@@ -40,7 +40,7 @@ def measured_peak(estimator: Estimator, tokens: int, recompute: str) -> float | 
         for step in range(2):
             if step == 1:
                 torch.cuda.reset_peak_memory_stats(device)
-            train_step(objective, objective, optimizer, batch, world, 1.0, "bfloat16")
+            train_step(objective, objective, optimizer, [batch], world, 1.0, "bfloat16")
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) / GiB
     except torch.OutOfMemoryError:

@@ -13,6 +13,6 @@ def timed_steps(objective: Objective, optimizer, batches, config) -> tuple[float
     precision = training_precision(config, alone.device)
     tokens, started = 0, time.perf_counter()
     for batch in batches:
-        train_step(objective, objective, optimizer, batch, alone, config.grad_clip, precision)
+        train_step(objective, objective, optimizer, [batch], alone, config.grad_clip, precision)
         tokens += batch["input_ids"].numel()
     return time.perf_counter() - started, tokens

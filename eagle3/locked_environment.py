@@ -108,32 +108,64 @@ def _shown(lock: Path) -> str:
 CUDA_LOCK_DRIVER = 580
 
 
+def _nvidia_smi(*query: str) -> list[str] | None:
+    """nvidia-smi's answer to `query`, line by line; None where there is no nvidia-smi or it fails."""
+    import subprocess
+
+    try:
+        answer = subprocess.run(["nvidia-smi", *query], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return answer.stdout.splitlines() if answer.returncode == 0 else None
+
+
+def _driver_version() -> str | None:
+    versions = _nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")
+    if not versions or not versions[0].strip().split(".")[0].isdigit():
+        return None
+    return versions[0].strip()
+
+
+def _too_old(version: str, who: str) -> str:
+    return (
+        f"{who} torch built for CUDA 13.0, which needs an NVIDIA driver >= {CUDA_LOCK_DRIVER}; this machine's is "
+        f"{version}: torch would see no GPU. Upgrade the driver (or rent a machine with one >= {CUDA_LOCK_DRIVER}), "
+        "then rerun"
+    )
+
+
 def driver_problem(lock: Path) -> str | None:
     """Why the CUDA lock cannot run on this machine's NVIDIA driver (one line), or None (another lock, or no
     nvidia-smi to ask)."""
-    import subprocess
-
     if lock.name != "cuda.txt":
         return None
-    try:
-        answer = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    version = _driver_version()
+    if version is None or int(version.split(".")[0]) >= CUDA_LOCK_DRIVER:
         return None
-    versions = answer.stdout.split()
-    if answer.returncode != 0 or not versions or not versions[0].split(".")[0].isdigit():
+    return _too_old(version, f"{_shown(lock)} installs")
+
+
+def unseen_gpus() -> str | None:
+    """Where nvidia-smi lists GPUs that torch does not see, why (one line): a stage would otherwise run on the CPU,
+    hours slower, or fail deep inside vLLM. None where there are no GPUs, or torch sees them."""
+    import torch
+
+    listed = [line for line in _nvidia_smi("-L") or [] if line.startswith("GPU ")]
+    if not listed or torch.cuda.is_available():
         return None
-    if int(versions[0].split(".")[0]) < CUDA_LOCK_DRIVER:
+    if torch.version.cuda is None:
         return (
-            f"{_shown(lock)} installs torch built for CUDA 13.0, which needs an NVIDIA driver >= {CUDA_LOCK_DRIVER}; "
-            f"this machine's is {versions[0]}: torch would see no GPU. Upgrade the driver (or rent a machine with "
-            f"one >= {CUDA_LOCK_DRIVER}), then rerun"
+            f"nvidia-smi lists {len(listed)} GPU(s) but this environment's torch is its CPU build "
+            f"({torch.__version__}); run `make setup`, which installs the CUDA lock where nvidia-smi answers"
         )
-    return None
+    version = _driver_version()
+    if version is not None and int(version.split(".")[0]) < CUDA_LOCK_DRIVER:
+        return _too_old(version, "this environment runs")
+    return (
+        f"nvidia-smi lists {len(listed)} GPU(s) but torch {torch.__version__} sees none "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); check the driver and that "
+        "variable"
+    )
 
 
 def check(lock: Path) -> str | None:

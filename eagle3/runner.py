@@ -2,7 +2,8 @@
 
 stages/<name>.py (what `dvc repro` runs) and `eagle3 <stage>` both end here, so DVC and a user at the shell
 run identical code. A stage module (eagle3/stages/) defines `Params` (a StageParams with one field per
-params.yaml section it reads), `run(params, root, options)` and optionally `add_arguments(parser)`.
+params.yaml section it reads), `run(params, root, options)` and optionally `add_arguments(parser)` and
+`USES_GPUS` (true: refused where nvidia-smi lists GPUs that torch cannot see).
 """
 
 import argparse
@@ -14,7 +15,7 @@ from types import ModuleType
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import disk_full_message, is_disk_full
-from eagle3.locked_environment import environment_warning
+from eagle3.locked_environment import environment_warning, unseen_gpus
 from eagle3.params.loading import read_yaml, use_params_file, validate
 from eagle3.secret_filter import guard_output
 
@@ -59,6 +60,10 @@ def execute(stage: ModuleType, command: str, params_path: Path, options: argpars
     warning = None if "WORLD_SIZE" in os.environ else environment_warning()
     if warning:
         print(warning, file=sys.stderr)
+    unseen = unseen_gpus() if getattr(stage, "USES_GPUS", False) else None
+    if unseen:
+        print(f"eagle3 {command}: error: {unseen}", file=sys.stderr)
+        return Eagle3Error.exit_code
     try:
         params = load_stage_params(stage, params_path, command)
         options = options if options is not None else argparse.Namespace()

@@ -53,9 +53,9 @@ def main() -> None:
     start = load_checkpoint(checkpoint, draft, optimizer).step if checkpoint else 0
     losses = []
     for step in range(start, steps):
-        # Rank r takes every world-size-th sequence, as eagle3/training/data.py's BatchPlan does.
+        # Rank r takes every world-size-th sequence: how a batch is shared out does not matter to sharding.
         batch = {name: tensor[world.rank :: world.size] for name, tensor in global_batch(step).items()}
-        result = train_step(model, objective, optimizer, batch, world, 1.0, "float32")
+        result = train_step(model, objective, optimizer, [batch], world, 1.0, "float32")
         losses.append(float((world.all_sum(result.sums.clone()) / result.counts).sum()))
         state = {"step": step + 1, "total_steps": steps, "run_key": "test", "draft_config": draft.config.to_json()}
         save_checkpoint(out, draft, optimizer, state, keep=steps, write=world.main)

@@ -18,7 +18,7 @@ def lengths(count: int = 300, seed: int = 0) -> torch.Tensor:
 
 
 def epochs_of(plan: BatchPlan) -> list[list[list[int]]]:
-    flat, out = list(plan), []
+    flat, out = list(plan.global_batches()), []
     for count in plan.per_epoch:
         out.append(flat[:count])
         flat = flat[count:]
@@ -52,18 +52,39 @@ def test_fixed_count_batches_are_unchanged_by_the_token_budget_option():
     assert sorted(window[:8].tolist()) in [sorted(b) for b in batches[: plan.per_epoch[0]]]
 
 
-def test_processes_split_each_global_batch_and_resume_continues_it():
+def test_processes_share_each_global_batch_and_resume_continues_it():
     sizes = lengths()
     for budget in (None, 12000):
-        whole = list(BatchPlan(sizes, 8, 2, seed=1, max_tokens=budget))
-        shares = [list(BatchPlan(sizes, 8, 2, seed=1, rank=r, world=3, max_tokens=budget)) for r in range(3)]
-        assert len({len(s) for s in shares}) == 1
+        whole = list(BatchPlan(sizes, 8, 2, seed=1, max_tokens=budget).global_batches())
+        # One process: one micro-batch per step, the global batch itself.
+        assert list(BatchPlan(sizes, 8, 2, seed=1, max_tokens=budget)) == whole
+        steps = [list(BatchPlan(sizes, 8, 2, seed=1, rank=r, world=3, max_tokens=budget).steps()) for r in range(3)]
+        assert [len(s) for s in steps] == [len(whole)] * 3
         for step, batch in enumerate(whole):
-            assert sorted(i for share in shares for i in share[step]) == sorted(batch)
-        resumed = list(BatchPlan(sizes, 8, 2, seed=1, max_tokens=budget, start=len(whole) - 5))
-        assert resumed == whole[-5:]
+            micro = [s[step] for s in steps]
+            assert len({len(m) for m in micro}) == 1  # every process runs as many micro-batches
+            assert sorted(i for m in micro for part in m for i in part) == sorted(batch)
+            for part in (part for m in micro for part in m if part):
+                assert budget is None or len(part) * int(sizes[part].max()) <= budget // 3 or len(part) == 1
+        resumed = BatchPlan(sizes, 8, 2, seed=1, max_tokens=budget, start=len(whole) - 5)
+        assert list(resumed.global_batches()) == whole[-5:]
     # With a budget, a batch can hold fewer sequences than there are processes: some shares are empty.
-    assert any(share == [] for share in shares[2])
+    assert any(m == [[]] for m in steps[2])
+
+
+def test_no_process_holds_more_than_its_part_of_the_token_budget():
+    """Nine samples of 18,204 tokens fill one 163,840-token batch; on eight processes one of them gets two, which
+    it trains one after the other (20,480 tokens each at most) while the others run an empty micro-batch."""
+    sizes = torch.full((9,), 18204)
+    (batch,) = BatchPlan(sizes, 16, 1, seed=0, max_tokens=163840).global_batches()
+    assert sorted(batch) == list(range(9))
+    steps = [next(BatchPlan(sizes, 16, 1, seed=0, rank=r, world=8, max_tokens=163840).steps()) for r in range(8)]
+    assert sorted(len([p for p in m if p]) for m in steps) == [1] * 7 + [2]
+    assert all(len(m) == 2 and all(len(p) <= 1 for p in m) for m in steps)
+    # Shares by tokens, not by count: one long sample against many short ones.
+    mixed = torch.tensor([16000, 2000, 2000, 2000, 2000, 2000, 2000, 2000, 2000])
+    shares = BatchPlan(mixed, 16, 1, seed=0, world=2).shares(list(range(9)))
+    assert [int(mixed[s].sum()) for s in shares] == [16000, 16000]
 
 
 def test_an_empty_share_is_a_zero_row_batch_that_gives_every_parameter_a_zero_gradient():
@@ -85,7 +106,7 @@ def test_an_empty_share_is_a_zero_row_batch_that_gives_every_parameter_a_zero_gr
     )
     optimizer = make_optimizer(draft, TrainParams(learning_rate=0.1, weight_decay=0.0))
     before = {name: p.detach().clone() for name, p in draft.named_parameters()}
-    result = train_step(objective, objective, optimizer, batch, Dist(), 1.0, "bfloat16")
+    result = train_step(objective, objective, optimizer, [batch], Dist(), 1.0, "bfloat16")
     assert float(result.loss) == 0 and result.sums.tolist() == [0, 0, 0] and result.counts.tolist() == [0, 0, 0]
     for name, param in draft.named_parameters():
         assert param.grad is not None and not param.grad.any(), name

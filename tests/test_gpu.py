@@ -79,7 +79,7 @@ def _draft() -> DraftConfig:
 
 def _steps(objective, optimizer, batch, count: int) -> None:
     for _ in range(count):
-        result = train_step(objective, objective, optimizer, batch, Dist(device=CUDA), 1.0, "bfloat16")
+        result = train_step(objective, objective, optimizer, [batch], Dist(device=CUDA), 1.0, "bfloat16")
         assert torch.isfinite(result.loss).item()
 
 

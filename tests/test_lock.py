@@ -294,6 +294,36 @@ def test_the_cuda_lock_stops_in_one_line_on_a_driver_older_than_its_torch_needs(
     assert locked.driver_problem(root / "locks" / "cpu.txt") is None
 
 
+def test_every_gpu_stage_refuses_gpus_that_torch_cannot_see(tmp_path, monkeypatch):
+    """nvidia-smi lists a GPU; this CPU build of torch sees none: the GPU stages stop in one line before reading
+    anything (no params here), the others start; with a CUDA build the line names the driver it needs."""
+    import torch
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text(
+        '#!/bin/sh\ncase "$*" in\n  *driver_version*) echo 570.124.06;;\n'
+        '  -L) echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)";;\nesac\nexit 0\n'
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    for stage in ("generate", "extract", "train", "evaluate"):
+        result = eagle3(tmp_path, stage, check=False)
+        assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
+            f"eagle3 {stage}: error: nvidia-smi lists 1 GPU(s) but this environment's torch is its CPU build "
+            f"({torch.__version__}); run `make setup`, which installs the CUDA lock where nvidia-smi answers"
+        ), result.stderr
+    assert "nvidia-smi" not in eagle3(tmp_path, "vocab", check=False).stderr  # no GPU stage: its own error
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert locked.unseen_gpus() == (
+        "this environment runs torch built for CUDA 13.0, which needs an NVIDIA driver >= 580; this machine's is "
+        "570.124.06: torch would see no GPU. Upgrade the driver (or rent a machine with one >= 580), then rerun"
+    )
+    smi.write_text('#!/bin/sh\necho "no devices were found"\nexit 6\n')
+    assert locked.unseen_gpus() is None
+
+
 def test_differences_name_what_changed_went_missing_or_was_added():
     pins = {"transformers": "5.19.0", "numpy": "2.3.5", "torchvision": "0.28.0", "dvc": "3.67.1"}
     installed = {"transformers": "5.20.0", "numpy": "2.3.5", "eagle3": "0.1.0", "pip": "23.2.1", "handmade": "1.0"}

@@ -42,7 +42,7 @@ def real_peak(tokens: int, recompute: str, precision: str, layout: DraftLayout |
         for step in range(2):
             if step == 1:
                 meter.peak = meter.live
-            train_step(objective, objective, optimizer, batch, Dist(), 1.0, precision)
+            train_step(objective, objective, optimizer, [batch], Dist(), 1.0, precision)
     return meter.peak
 
 

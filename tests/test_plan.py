@@ -226,7 +226,7 @@ def test_training_memory_names_the_setting_that_fits_or_the_longest_sample(tmp_p
         "warnings"
     ]
     (warning,) = [w for w in warnings if "activation_checkpointing" in w]
-    assert warning.startswith(f"samples of 32,768 tokens need {at['off'] / 1e9:,.0f} GB per GPU")
+    assert warning.startswith(f"32,768 tokens per training process need {at['off'] / 1e9:,.0f} GB per GPU")
     assert f"set it to mlp ({at['mlp'] / 1e9:,.0f} GB, estimated)" in warning
     # 64K tokens do not train there at all; the longest that does with full recompute is (80 GB - fixed) / per token.
     full = lines["full"]

@@ -28,6 +28,8 @@ CHANGED = {
     ("train", "activation_checkpointing"): "mlp",
     ("train", "launch"): {"processes_per_node": 4, "nodes": 1, "gpu": "h200"},
     ("train", "draft_layout"): {"fc_norm": True, "norm_output": True},
+    # A process's part of the token budget is one longest sample, as the flags' plan (no batches) assumes.
+    ("train", "max_tokens_per_batch"): 4 * 24576,
 }
 # The same values as flags.
 FLAGS = (
@@ -83,7 +85,7 @@ def test_the_params_decide_what_the_flags_would_and_each_input_names_its_source(
     assert from_flags["inputs"]["work"]["evaluation"] == []
     steps = [step["name"] for step in from_params["scenarios"]["B"]["steps"]]
     assert steps[-3:] == ["evaluate none", "evaluate eagle3 k=3", "push_results"]
-    assert set(CHANGED) and len(FLAGS) == 2 * len(CONFIGURED)
+    assert len(FLAGS) == 2 * len(CONFIGURED)
     # Against a hand computation: 2000 x 16384 tokens, 3 captured layers of 7168 bf16 values; fp8-aux storage.
     tokens = 2000 * 16384
     assert from_params["tokens"] == tokens
@@ -168,3 +170,24 @@ def test_layout_c_whose_verifier_and_trainer_do_not_fit_a_gpu_is_ruled_out(tmp_p
     assert problem.startswith(
         "streamed states do not fit a GPU there: in phases, the verifier's 0.9 of a NVIDIA H200 SXM (127 GB) awake"
     )
+
+
+def test_the_training_memory_is_sized_at_what_one_process_holds_at_once(tmp_path):
+    """The hero batch (163,840 tokens) on 4 GPUs: a process trains up to 40,960 padded tokens at once (its part of
+    the budget), twice the one 20,480-token sample it holds on 8 GPUs; without a token budget, batch_size /
+    processes longest samples."""
+    memory = {}
+    for name, changes in {
+        "on 8": {},
+        "on 4": {("train", "launch"): {"processes_per_node": 4, "nodes": 1, "gpu": "b200"}},
+        "no budget": {("train", "max_tokens_per_batch"): None, ("train", "batch_size"): 16},
+    }.items():
+        (tmp_path / name).mkdir()
+        write_params(tmp_path / name, _hero(changes))
+        plan = _plan(tmp_path / name)
+        assert plan["inputs"]["max_tokens"] == 20480
+        memory[name] = (plan["inputs"]["process_tokens"], plan["train_memory"]["settings"]["off"])
+    assert [tokens for tokens, _ in memory.values()] == [20480, 40960, 2 * 20480]
+    # The estimate grows with those tokens: the same draft per GPU, twice the activations.
+    resting, at_max = memory["on 8"][1]["resting_bytes"], memory["on 8"][1]["at_max_tokens_bytes"]
+    assert memory["on 4"][1]["at_max_tokens_bytes"] > at_max + 0.9 * (at_max - resting)

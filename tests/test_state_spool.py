@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from eagle3.errors import Eagle3Error
-from eagle3.training.state_spool import HEADER_ALLOWANCE, Producer, StateSpool, rank_shares, share_bytes
+from eagle3.training.data import balanced_shares
+from eagle3.training.state_spool import HEADER_ALLOWANCE, Producer, StateSpool, share_bytes
 
 LAYERS, HIDDEN = 3, 8
 LENGTHS = [5, 9, 2, 7, 4, 6, 3, 8, 5, 1, 9, 2]
@@ -23,7 +24,10 @@ def states_of(position: int) -> torch.Tensor:
 
 def plan(world: int, batch: int = 4):
     """Three steps of 4 sequences, shared out as BatchPlan does."""
-    return [(step, rank_shares(list(range(step * batch, step * batch + batch)), world)) for step in range(3)]
+    return [
+        (step, balanced_shares(list(range(step * batch, step * batch + batch)), torch.tensor(LENGTHS), world))
+        for step in range(3)
+    ]
 
 
 def make_producer(spool, steps, budget, **kwargs):
@@ -66,8 +70,9 @@ def test_every_rank_gets_its_share_of_each_step_in_order(tmp_path):
     for thread in threads:
         thread.join(timeout=60)
     producer.stop()
-    # The verifier sees each global batch whole, whatever the number of processes.
-    assert calls == [[0, 2, 1, 3], [4, 6, 5, 7], [8, 10, 9, 11]]
+    # The verifier sees each global batch whole, whatever the number of processes: rank 0's share, then rank 1's
+    # (shared by tokens: lengths 5 9 2 7 give rank 0 the 9 and the 2).
+    assert calls == [[1, 2, 0, 3], [6, 7, 4, 5], [10, 8, 9, 11]]
     for rank in (0, 1):
         for (step, states), (expected_step, shares) in zip(results[rank], steps, strict=True):
             assert step == expected_step

@@ -54,6 +54,8 @@ def start_engine(
     config = read_config(Path(model_dir), "the verifier must be a Hugging Face model directory")
     if text_config(config) is not config:
         extra = {"language_model_only": True, **extra}
+    if on_cpu_build() and "kv_lora_rank" in text_config(config) and "max_num_batched_tokens" not in extra:
+        extra = {**cpu_mla_whole_prefills(max_model_len, tensor_parallel_size), **extra}
     arguments = {
         "model": model_dir,
         "tokenizer": model_dir,
@@ -77,6 +79,18 @@ def start_engine(
                 "on CPU rehearse with the plain text checkpoint; GPUs do not take that path"
             )
         raise Eagle3Error(f"{who}: vLLM could not start {model_dir}: {type(exc).__name__}: {message}{hint}") from None
+
+
+# vLLM's CPU default step budget of an offline engine, per tensor-parallel rank (engine/arg_utils.py).
+CPU_STEP_TOKENS_PER_RANK = 4096
+
+
+def cpu_mla_whole_prefills(max_model_len: int, tensor_parallel_size: int) -> dict[str, Any]:
+    """vLLM-CPU runs MLA without chunked prefill, but turns it off only after the scheduler has taken its per-step
+    budget from the chunked default (4,096 tokens): a longer prompt then never fits a step and the engine waits
+    forever. Asked for at start, whole prefills come with a budget that holds the longest prompt."""
+    budget = max(max_model_len, CPU_STEP_TOKENS_PER_RANK * tensor_parallel_size)
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
 
 
 def on_cpu_build() -> bool:

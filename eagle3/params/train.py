@@ -102,7 +102,8 @@ class TrainParams(Section):
     # whatever the number of processes.
     batch_size: PositiveInt = 8
     # Padded tokens per optimizer step, summed over all processes: a batch then holds as many sequences (up to
-    # batch_size) as fit, so a 16K-token sample costs about what eight 2K ones do. null: batch_size sequences.
+    # batch_size) as fit, so a 16K-token sample costs about what eight 2K ones do; a process holds at most its part
+    # (or one longer sequence) at once, in micro-batches. null: batch_size sequences.
     max_tokens_per_batch: PositiveInt | None = None
     learning_rate: float = Field(1e-3, gt=0)
     min_learning_rate: float = Field(1e-4, ge=0)

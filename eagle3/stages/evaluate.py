@@ -59,6 +59,9 @@ from eagle3.paths import DRAFT_DIR, EVAL_METRICS, EVALUATION_KEPT_DIR, HIDDEN_IN
 from eagle3.progress import step
 from eagle3.publish.evaluation_plots import find_run, pick_run, results_by_set, write_benchmark_plots, write_plots
 
+# Runs on the GPUs where there are any: refused where nvidia-smi lists GPUs that torch cannot see (eagle3/runner.py).
+USES_GPUS = True
+
 
 class Params(StageParams):
     evaluate: EvaluateParams = EvaluateParams()

@@ -63,6 +63,10 @@ from eagle3.scale_out import add_arguments as add_arguments  # the runner gives 
 EXTRACTION_VERSION = 4
 
 
+# Runs on the GPUs where there are any: refused where nvidia-smi lists GPUs that torch cannot see (eagle3/runner.py).
+USES_GPUS = True
+
+
 class Params(StageParams):
     extract: ExtractParams
 

@@ -41,6 +41,9 @@ from eagle3.resume import measured_run, resume_or_reset
 from eagle3.scale_out import Slice
 from eagle3.scale_out import add_arguments as add_arguments  # the runner gives this stage --rank / --world-size
 
+# Runs on the GPUs where there are any: refused where nvidia-smi lists GPUs that torch cannot see (eagle3/runner.py).
+USES_GPUS = True
+
 
 class Params(StageParams):
     generate: GenerateParams

@@ -55,6 +55,9 @@ from eagle3.training.objective import (
 )
 from eagle3.training.streamed import StreamedData
 
+# Runs on the GPUs where there are any: refused where nvidia-smi lists GPUs that torch cannot see (eagle3/runner.py).
+USES_GPUS = True
+
 
 class Params(StageParams):
     train: TrainParams = TrainParams()
@@ -224,13 +227,16 @@ def _fit(
     started = time.monotonic()
     with progress() if world.main else Quiet() as bar:
         task = bar.add_task("train (steps)", total=total, completed=start)
-        for step_index, batch in enumerate(batches(loader), start=start):
-            batch = {k: v.to(world.device, non_blocking=True) for k, v in batch.items()}
+        loaded = batches(loader)
+        for step_index, count in enumerate(plan.micro_counts(), start=start):
+            micro = [{k: v.to(world.device, non_blocking=True) for k, v in next(loaded).items()} for _ in range(count)]
             lr = learning_rate(config, step_index, total)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            result = train_step(model, objective, optimizer, batch, world, config.grad_clip, precision)
-            window.add(result.sums, result.correct, result.counts, result.loss, batch["input_ids"].numel())
+            result = train_step(model, objective, optimizer, micro, world, config.grad_clip, precision)
+            window.add(
+                result.sums, result.correct, result.counts, result.loss, sum(b["input_ids"].numel() for b in micro)
+            )
             done = step_index + 1
             if done % config.log_every == 0 or done == total:
                 window.reduce(world)
@@ -250,7 +256,7 @@ def _fit(
                 world.barrier()
             bar.advance(task)
             # Not held while the next batch is awaited: a verifier waking between phases gets the GPU memory back.
-            del batch, result
+            del micro, result
     elapsed = time.monotonic() - started
     if live is not None:
         tokens_done = window.tokens

@@ -94,6 +94,7 @@ def _size_streaming(document, gpu: str) -> None:
     from eagle3.params.train import TrainParams
     from eagle3.tools.plan_memory import compute_train_memory, estimate, streamed_fit, verifier_share
     from eagle3.tools.plan_types import PRESETS, Machine
+    from eagle3.training.data import tokens_per_process
 
     name = document["verifier"]["source"]["name"]
     preset = next((shape for shape in PRESETS.values() if shape.name == name), None)
@@ -108,7 +109,8 @@ def _size_streaming(document, gpu: str) -> None:
     layout = tuple(key for key, on in train.draft_layout.model_dump().items() if on)
     vocab = document["vocab"]["draft_vocab_size"]
     lines = estimate(preset.config, vocab, train.ttt_steps, processes, train.sharding, layout)
-    memory = compute_train_memory(lines, extract["max_seq_len"], Machine(gpu, processes, 0.0, 0.0, None))
+    tokens = tokens_per_process(train.max_tokens_per_batch, train.batch_size, processes, extract["max_seq_len"])
+    memory = compute_train_memory(lines, tokens, Machine(gpu, processes, 0.0, 0.0, None))
     share = verifier_share(preset.weights_bytes, processes, gpu)
     fit = streamed_fit(memory, train.activation_checkpointing, share, phases=False)
     if fit is not None and not fit.fits:

@@ -329,7 +329,7 @@ def streamed_memory(inputs: Inputs) -> StreamedFit | None:
     """Layout C on one GPU there: as the params set it, else as `eagle3 init --layout C` sizes it (the smallest share
     that holds the verifier, side by side where that fits, else phases). None where the trainer's memory is not
     estimated."""
-    memory = compute_train_memory(inputs.train_memory, inputs.max_tokens, inputs.there)
+    memory = compute_train_memory(inputs.train_memory, inputs.process_tokens, inputs.there)
     if inputs.streamed_share is not None:
         return streamed_fit(memory, inputs.recompute, inputs.streamed_share, bool(inputs.streamed_phases))
     share = verifier_share(inputs.verifier.weights_bytes, inputs.there.gpus, inputs.there.gpu)
@@ -657,5 +657,5 @@ def compute(inputs: Inputs) -> Plan:
         storage_options=[
             compute_storage_option(inputs, rates, storage, ratio) for storage, ratio in inputs.storage_ratios.items()
         ],
-        train_memory=compute_train_memory(inputs.train_memory, inputs.max_tokens, inputs.there),
+        train_memory=compute_train_memory(inputs.train_memory, inputs.process_tokens, inputs.there),
     )

@@ -307,7 +307,7 @@ def _render_run(console, plan: Plan) -> None:
 def _render_train_memory(console, plan: Plan) -> None:
     from rich.table import Table
 
-    memory, tokens = plan.train_memory, plan.inputs.max_tokens
+    memory, tokens = plan.train_memory, plan.inputs.process_tokens
     gpu = GPUS[memory.gpu]
     if memory.settings is None:
         console.print(f"training memory per GPU: {memory.source}")

@@ -33,6 +33,7 @@ from eagle3.tools.plan_types import (
 )
 from eagle3.tools.plan_verifier import require_parameter_count, verifier_from_args
 from eagle3.tools.plan_work import RunWork, measured_mean_tokens, measured_verifier, run_work, serving_rate
+from eagle3.training.data import tokens_per_process
 
 # This machine's data volume where neither --here-disk-tb nor --here-preflight says.
 HERE_DISK_TB = 3.0
@@ -334,6 +335,12 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     cache = check_cache_link(args, root)
     link = probe_link(args, root)
     memory = estimate(verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding, args.draft_layout)
+    process_tokens = checked.max_tokens  # without params: one longest sample per GPU
+    if configured.params is not None:
+        train = configured.params.train
+        process_tokens = tokens_per_process(
+            train.max_tokens_per_batch, train.batch_size, there.gpus, checked.max_tokens
+        )
     there_price = f"${there.usd_per_gpu_hour:g}/GPU-hour" + (" (preset)" if args.gpu_usd_per_hour is None else "")
     there_tokens_per_s = args.extract_tokens_per_s or there_preflight.extract_tokens_per_s
     if args.extract_tokens_per_s is not None:
@@ -372,6 +379,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         samples=args.samples,
         mean_tokens=args.mean_tokens,
         max_tokens=checked.max_tokens,
+        process_tokens=process_tokens,
         captured_layers=args.layers,
         bytes_per_element=args.bytes_per_element,
         compression_ratio=compression.ratio,
@@ -414,8 +422,8 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
             verifier,
             measured,
             compression,
-            compute_train_memory(memory, checked.max_tokens, there),
-            checked.max_tokens,
+            compute_train_memory(memory, process_tokens, there),
+            process_tokens,
             args.recompute,
             there,
             here,

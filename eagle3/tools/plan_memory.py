@@ -29,6 +29,7 @@ from eagle3.files import write_json
 from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import RECOMPUTE
 from eagle3.tools.plan_types import GB, Machine, MemoryEstimate, MemoryLine, to_json
+from eagle3.training.data import tokens_per_process
 
 LENGTHS = (4096, 8192)
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -149,7 +150,8 @@ def compute_train_memory(estimate_: MemoryEstimate, max_tokens: int, machine: Ma
 
 
 def memory_warning(train: TrainMemory, max_tokens: int, recompute: str) -> str | None:
-    """What to set (or that nothing fits) when the longest sample does not train with the configured recompute."""
+    """What to set (or that nothing fits) when `max_tokens` at once per training process (tokens_per_process) do
+    not train with the configured recompute."""
     if train.settings is None or train.settings[recompute].fits:
         return None
     gpu = GPUS[train.gpu]
@@ -158,12 +160,13 @@ def memory_warning(train: TrainMemory, max_tokens: int, recompute: str) -> str |
     fitting = [name for name in RECOMPUTE if train.settings[name].fits]
     if fitting:
         return (
-            f"samples of {max_tokens:,} tokens need {need[recompute]} per GPU to train with "
+            f"{max_tokens:,} tokens per training process need {need[recompute]} per GPU to train with "
             f"train.activation_checkpointing: {recompute}, more than {where} holds; set it to {fitting[0]} "
             f"({need[fitting[0]]}, estimated)"
         )
     return (
-        f"samples of {max_tokens:,} tokens do not train on {where} even with train.activation_checkpointing: full "
+        f"{max_tokens:,} tokens per training process do not train on {where} even with "
+        "train.activation_checkpointing: full "
         f"({need['full']}, estimated); the longest that does is {train.settings['full'].longest_tokens:,} tokens"
     )
 
@@ -285,17 +288,18 @@ def check_gpu_memory(params: Any, path: Path) -> list[str]:
     processes = per_node * train.launch.nodes if isinstance(per_node, int) else 8
     layout = tuple(name for name, on in train.draft_layout.model_dump().items() if on)
     lines = estimate(config, params.vocab.draft_vocab_size, train.ttt_steps, processes, train.sharding, layout)
-    memory = compute_train_memory(lines, extract.max_seq_len, Machine(gpu, processes, 0.0, 0.0, None))
+    tokens = tokens_per_process(train.max_tokens_per_batch, train.batch_size, processes, extract.max_seq_len)
+    memory = compute_train_memory(lines, tokens, Machine(gpu, processes, 0.0, 0.0, None))
     if memory.settings is None:
         return [f"GPU memory not checked: {memory.source}"]
     recompute = train.activation_checkpointing
     if train.hidden_states != "streamed":
-        problem = memory_warning(memory, extract.max_seq_len, recompute)
+        problem = memory_warning(memory, tokens, recompute)
         if problem is not None:
             raise Eagle3Error(f"{path}: train.activation_checkpointing: {problem}")
         need = memory.settings[recompute].at_max_tokens_bytes
         return [
-            f"training memory: {need / GB:,.0f} GB per {GPUS[gpu].name} at {extract.max_seq_len:,} tokens ({source})"
+            f"training memory: {need / GB:,.0f} GB per {GPUS[gpu].name} at {tokens:,} tokens per process ({source})"
         ]
     share = extract.vllm.gpu_memory_utilization
     tensor_parallel = extract.vllm.tensor_parallel_size

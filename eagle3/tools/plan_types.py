@@ -173,6 +173,9 @@ class Inputs:
     samples: int
     mean_tokens: float
     max_tokens: int
+    # The most padded tokens one training process holds at once (eagle3/training/data.py tokens_per_process):
+    # what the training memory is sized at.
+    process_tokens: int
     captured_layers: int
     bytes_per_element: int
     compression_ratio: float

@@ -1,7 +1,7 @@
 """What the runbook's steps count, for `eagle3 plan`: the answers generate asks for and their tokens, the turns
-evaluate asks each server, the serving rate here, with the source of each count. Each comes from what the project already holds where it
-is there (the prepared prompts, the benchmark sets, generate's metrics: a count once its stage has run), else from
-the params with the assumption said. Reads no model.
+evaluate asks each server, the serving rate here, with the source of each count. Each comes from what the project
+already holds where it is there (the prepared prompts, the benchmark sets, generate's metrics: a count once its
+stage has run), else from the params with the assumption said. Reads no model.
 """
 
 import argparse

@@ -135,7 +135,7 @@ def _steps(context: Context, config, tokens: int, recompute: str, precision: str
     deadline = time.perf_counter() + context.budget("training")
     while len(times) < TRAINING_STEPS and (len(times) < 2 or time.perf_counter() < deadline):
         started = time.perf_counter()
-        train_step(objective, objective, optimizer, batch, world, params.grad_clip, precision)
+        train_step(objective, objective, optimizer, [batch], world, params.grad_clip, precision)
         sync()
         times.append(time.perf_counter() - started)
     if device.type == "cuda":
@@ -144,7 +144,7 @@ def _steps(context: Context, config, tokens: int, recompute: str, precision: str
     states = [t for state in optimizer.state.values() for t in state.values()]
     existing = [*objective.parameters(), *objective.buffers(), *states, *batch.values()]
     with PeakBytes(existing) as meter:
-        train_step(objective, objective, optimizer, batch, world, params.grad_clip, precision)
+        train_step(objective, objective, optimizer, [batch], world, params.grad_clip, precision)
     return times, meter.peak
 
 

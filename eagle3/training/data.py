@@ -1,8 +1,11 @@
 """Training data: which samples form each global batch, how they are padded together, and fc's input scale.
 
-Epoch e visits the samples in a permutation seeded by (seed, e), in global batches of `batch_size`
-sequences; under torchrun rank r takes every world_size-th sequence of each batch. The order depends only on
-the data and params, which is what makes resume exact and N processes train the same model as one.
+Epoch e visits the samples in a permutation seeded by (seed, e), in global batches (BatchPlan). The batches
+depend only on the data and params, which is what makes resume exact and N processes train the same model as
+one. Under torchrun the processes share each batch by tokens (`balanced_shares`), and a process whose share is
+more than its part of train.max_tokens_per_batch trains it in micro-batches that each fit that part
+(`micro_batches`), accumulating their gradients into the one optimizer step: no process ever holds more padded
+tokens at once than max_tokens_per_batch / processes, or one sequence longer than that.
 """
 
 from collections.abc import Iterable, Iterator
@@ -47,14 +50,52 @@ class Collate:
         }
 
 
+def tokens_per_process(max_tokens_per_batch: int | None, batch_size: int, processes: int, longest: int) -> int:
+    """The most padded tokens one training process holds at once (one micro-batch), what its memory is sized for:
+    under a token budget its part of it, or one longest sequence where that is more; without, its
+    batch_size / processes sequences (rounded up), each as long as the longest."""
+    if max_tokens_per_batch is not None:
+        return max(max_tokens_per_batch // processes, longest)
+    return -(-batch_size // processes) * longest
+
+
+def balanced_shares(batch: list[int], lengths: torch.Tensor, world: int) -> list[list[int]]:
+    """A global batch's sequences over `world` processes by tokens: longest first, each to the process holding the
+    fewest tokens so far (the lowest rank on a tie); every share keeps the batch's order."""
+    if world == 1:
+        return [list(batch)]
+    held, owner = [0] * world, {}
+    for position in sorted(batch, key=lambda p: -int(lengths[p])):
+        rank = min(range(world), key=lambda r: (held[r], r))
+        owner[position] = rank
+        held[rank] += int(lengths[position])
+    return [[p for p in batch if owner[p] == rank] for rank in range(world)]
+
+
+def micro_batches(share: list[int], lengths: torch.Tensor, budget: int | None) -> list[list[int]]:
+    """A process's share in micro-batches of at most `budget` padded tokens (count x longest; a longer sequence
+    alone): the whole share where it fits, else cut shortest first."""
+    if not share or budget is None or len(share) * max(int(lengths[p]) for p in share) <= budget:
+        return [list(share)]
+    ordered = sorted(share, key=lambda p: (int(lengths[p]), p))
+    parts, first = [], 0
+    for end in range(1, len(ordered) + 1):
+        if end - first > 1 and (end - first) * int(lengths[ordered[end - 1]]) > budget:
+            parts.append(ordered[first : end - 1])
+            first = end - 1
+    parts.append(ordered[first:])
+    return parts
+
+
 class BatchPlan(torch.utils.data.Sampler):
-    """This rank's share of every global batch from step `start` on (a resumed run sets it).
+    """This rank's micro-batches of every global batch from step `start` on (a resumed run sets it).
 
     Epoch e draws a permutation seeded by (seed, e); each window of 16 batches' worth of samples is sorted by
     length and cut into batches (little padding), and the epoch's batches are then shuffled with the same seed.
     A batch holds `batch_size` sequences or, with `max_tokens` set, as many (up to `batch_size`) as fit in
     `max_tokens` padded tokens (a longer sequence alone), so one 16K-token sample costs about what eight 2K ones
-    do. Batches depend only on the data and params, never on the number of processes."""
+    do. Batches depend only on the data and params, never on the number of processes; each step every rank
+    runs the same number of micro-batches (`micro_counts`), empty ones where its share has fewer."""
 
     WINDOW = 16
 
@@ -71,6 +112,8 @@ class BatchPlan(torch.utils.data.Sampler):
     ):
         self.lengths, self.batch_size, self.epochs, self.seed = lengths, batch_size, epochs, seed
         self.start, self.rank, self.world, self.max_tokens = start, rank, world, max_tokens
+        # What one process holds at once: its part of the global token budget.
+        self.budget = None if max_tokens is None else max(max_tokens // world, 1)
         if max_tokens is None:
             self.per_epoch = [len(lengths) // batch_size] * epochs
         else:
@@ -78,7 +121,7 @@ class BatchPlan(torch.utils.data.Sampler):
         self.total = sum(self.per_epoch)
 
     def __len__(self) -> int:
-        return self.total - self.start
+        return sum(self.micro_counts())
 
     def epoch(self, epoch: int) -> list[torch.Tensor]:
         generator = torch.Generator().manual_seed(self.seed * 100003 + epoch)
@@ -103,14 +146,40 @@ class BatchPlan(torch.utils.data.Sampler):
         batches.append(window[first:])
         return batches
 
-    def __iter__(self):
+    def global_batches(self) -> Iterator[list[int]]:
+        """Every global batch from `start` on, as sample positions."""
         done = 0
         for epoch, count in enumerate(self.per_epoch):
             if done + count > self.start:
                 batches = self.epoch(epoch)
                 for position in range(max(self.start - done, 0), count):
-                    yield batches[position][self.rank :: self.world].tolist()
+                    yield batches[position].tolist()
             done += count
+
+    def shares(self, batch: list[int]) -> list[list[int]]:
+        """Each rank's share of a global batch: by tokens under a token budget; else batch_size / world sequences
+        each (every world-th), which bounds a share at that many of the longest sequences."""
+        if self.max_tokens is None:
+            return [batch[rank :: self.world] for rank in range(self.world)]
+        return balanced_shares(batch, self.lengths, self.world)
+
+    def rank_micro_batches(self, batch: list[int]) -> list[list[int]]:
+        """This rank's micro-batches of a global batch, padded with empty ones to the most any rank has."""
+        parts = [micro_batches(share, self.lengths, self.budget) for share in self.shares(batch)]
+        count = max(len(p) for p in parts)
+        return parts[self.rank] + [[] for _ in range(count - len(parts[self.rank]))]
+
+    def steps(self) -> Iterator[list[list[int]]]:
+        """This rank's micro-batches of each step from `start` on."""
+        return (self.rank_micro_batches(batch) for batch in self.global_batches())
+
+    def micro_counts(self) -> Iterator[int]:
+        """Micro-batches per step from `start` on: the same on every rank."""
+        return (len(micro) for micro in self.steps())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for micro in self.steps():
+            yield from micro
 
 
 def batches(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, torch.Tensor]]:

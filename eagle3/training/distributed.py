@@ -13,6 +13,7 @@ the objective's loss scaling expects; checkpoints gather the slices (eagle3/form
 """
 
 import os
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -76,3 +77,12 @@ def distribute(objective: nn.Module, world: Dist, sharding: str) -> nn.Module:
     return nn.parallel.DistributedDataParallel(
         objective, broadcast_buffers=False, device_ids=[world.device.index] if world.device.type == "cuda" else None
     )
+
+
+def gradient_sync(model: nn.Module, last: bool) -> AbstractContextManager:
+    """Around a micro-batch's forward and backward: DDP all-reduces the gradients only with the step's last one
+    (the earlier ones accumulate locally); FSDP reduce-scatters every one into the sharded gradients, so no
+    process ever holds a whole gradient; one process has nothing to synchronise."""
+    if isinstance(model, nn.parallel.DistributedDataParallel) and not last:
+        return model.no_sync()
+    return nullcontext()

@@ -199,7 +199,7 @@ class Estimator:
             existing = [*self.objective.parameters(), *self.objective.buffers(), *self.states, *batch.values()]
             count = counted_positions(tokens, self.ttt_steps)
             with KnownNonzero(rows, tokens, count), PeakBytes(existing) as meter:
-                train_step(self.objective, self.objective, self.optimizer, batch, Dist(), 1.0, self.precision)
+                train_step(self.objective, self.objective, self.optimizer, [batch], Dist(), 1.0, self.precision)
         return _bytes(batch.values()), meter.peak
 
     def memory(

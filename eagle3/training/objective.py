@@ -27,7 +27,7 @@ from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.modeling.ttt_alignment import shift_left, target_offset, verifier_offset
 from eagle3.params.train import TrainParams
 from eagle3.precision import resolve
-from eagle3.training.distributed import Dist
+from eagle3.training.distributed import Dist, gradient_sync
 from eagle3.training.soft_cross_entropy import soft_cross_entropy
 
 
@@ -68,13 +68,19 @@ class Objective(nn.Module):
     def targets(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Verifier distribution over the draft vocab [B, T, Vd], its top-1 [B, T], and per step which positions
         count [B, T]."""
-        with torch.no_grad():
-            logits = batch["final"].to(self.target_head.dtype) @ self.target_head.T
-            probs = logits.float().softmax(-1)
-            ids, mask = batch["input_ids"], batch["loss_mask"]
-            counts = mask & self.t2d[ids]
-            masks = [shift_left(counts, target_offset(i)) for i in range(self.steps)]
-        return probs, logits.argmax(-1), masks
+        return (*self.distribution(batch), self.counted(batch))
+
+    @torch.no_grad()
+    def distribution(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verifier's distribution over the draft vocab [B, T, Vd] and its top-1 [B, T]."""
+        logits = batch["final"].to(self.target_head.dtype) @ self.target_head.T
+        return logits.float().softmax(-1), logits.argmax(-1)
+
+    @torch.no_grad()
+    def counted(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Per TTT step, which positions count [B, T]."""
+        counts = batch["loss_mask"] & self.t2d[batch["input_ids"]]
+        return [shift_left(counts, target_offset(i)) for i in range(self.steps)]
 
     def forward(
         self,
@@ -212,20 +218,29 @@ def train_step(
     model: nn.Module,
     objective: Objective,
     optimizer: torch.optim.Optimizer,
-    batch: dict[str, torch.Tensor],
+    micro: list[dict[str, torch.Tensor]],
     world: Dist,
     grad_clip: float,
     precision: str,
 ) -> StepResult:
-    """One optimizer step on one batch (already on the device); `model` is `objective` or its DDP wrapper;
-    `precision` resolved (training_precision)."""
+    """One optimizer step on this process's micro-batches of one global batch (already on the device; every
+    process has as many); `model` is `objective` or its DDP wrapper; `precision` resolved (training_precision).
+    Each micro-batch's gradients add to the last one's: the loss is normalised by the positions that count in the
+    whole global batch, so the step is the same however the batch was cut."""
     # Before the forward, so the last step's gradients are not kept beside this step's activations.
     optimizer.zero_grad(set_to_none=True)
-    probs, top1, masks = objective.targets(batch)
-    counts = world.all_sum(torch.stack([m.sum() for m in masks]).float())
-    with autocast(world.device, precision):
-        loss, sums, correct = model(batch, probs, top1, masks, counts, world.size)
-    loss.backward()
+    masks = [objective.counted(batch) for batch in micro]
+    counts = world.all_sum(torch.stack([sum(m[i].sum() for m in masks) for i in range(objective.steps)]).float())
+    loss = sums = correct = None
+    for number, (batch, batch_masks) in enumerate(zip(micro, masks, strict=True)):
+        probs, top1 = objective.distribution(batch)
+        with gradient_sync(model, last=number == len(micro) - 1), autocast(world.device, precision):
+            part, part_sums, part_correct = model(batch, probs, top1, batch_masks, counts, world.size)
+        part.backward()
+        del probs, top1
+        loss = part.detach() if loss is None else loss + part.detach()
+        sums = part_sums if sums is None else sums + part_sums
+        correct = part_correct if correct is None else correct + part_correct
     clip_gradients(objective.draft.parameters(), grad_clip)
     optimizer.step()
-    return StepResult(loss.detach(), sums, correct, counts)
+    return StepResult(loss, sums, correct, counts)

@@ -249,8 +249,3 @@ class Producer:
         for staged in sorted(staging.glob(_STEP_FILES)):
             staged.rename(self.spool.directory / staged.name)
         self.phases += 1
-
-
-def rank_shares(batch: list[int], world: int) -> list[list[int]]:
-    """A global batch's sequences as each rank takes them (BatchPlan: rank r every world-th)."""
-    return [batch[rank::world] for rank in range(world)]

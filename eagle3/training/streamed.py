@@ -41,7 +41,7 @@ from eagle3.progress import progress
 from eagle3.stages.extract import EXTRACTION_VERSION, compute_dtype, layer_ids
 from eagle3.training.data import SCALE_SAMPLES, BatchPlan, measure_aux_scale
 from eagle3.training.distributed import Dist
-from eagle3.training.state_spool import ENGINE_SCRATCH, Producer, StateSpool, rank_shares, share_bytes
+from eagle3.training.state_spool import ENGINE_SCRATCH, Producer, StateSpool, share_bytes
 
 # Bump when the same inputs give other store files, so an old store is rebuilt instead of read.
 STORE_VERSION = 1
@@ -212,8 +212,7 @@ class StreamedData:
         budget = int(config.stream_buffer_gb * 1e9)
         window = config.stream_phase_steps or 1
         sizes = [
-            sum(share_bytes(self.lengths[s].tolist(), layers, hidden) for s in shares)
-            for _, shares in _steps(plan, self.world.size)
+            sum(share_bytes(self.lengths[s].tolist(), layers, hidden) for s in shares) for _, shares in _steps(plan)
         ]
         largest = max((sum(sizes[i : i + window]) for i in range(0, len(sizes), window)), default=0)
         if largest > budget:
@@ -245,7 +244,7 @@ class StreamedData:
                 raise
             self.producer = Producer(
                 spool,
-                _steps(plan, self.world.size),
+                _steps(plan),
                 self.states,
                 lambda share: share_bytes(self.lengths[share].tolist(), layers, hidden),
                 int(config.stream_buffer_gb * 1e9),
@@ -273,12 +272,12 @@ class StreamedData:
             self.producer.healthy()
 
     def batches(self, plan: BatchPlan, collate: Any, pinned: bool) -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's collated batches from plan.start on; a step's file stays in the spool (and counts against
-        the buffer) until the trainer asks for the next batch."""
+        """This rank's collated micro-batches from plan.start on; a step's file stays in the spool (and counts
+        against the buffer) until the trainer asks for the next step's first micro-batch."""
         previous, rank = None, self.world.rank
         self._finished = False
         try:
-            for step, positions in enumerate(plan, start=plan.start):
+            for step, batch in enumerate(plan.global_batches(), start=plan.start):
                 # Asked for this batch, the trainer is done with the last one: its file leaves the buffer, which is
                 # also what tells a producer in phases that the phase has been trained on, so a rank about to wait
                 # for the next phase first hands its cached GPU memory back to the verifier that then wakes.
@@ -286,16 +285,18 @@ class StreamedData:
                     self._idle()
                 if previous is not None:
                     self.spool.release(previous, rank)
-                states = self.spool.take(step, rank, self._healthy)
-                sequences = [self.store.sequence(p) for p in positions]
-                batch = collate(
-                    [
-                        {"id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask, "hidden": h}
-                        for s, h in zip(sequences, states, strict=True)
-                    ]
-                )
+                share = plan.shares(batch)[rank]
+                states = dict(zip(share, self.spool.take(step, rank, self._healthy), strict=True))
                 previous = step
-                yield {k: v.pin_memory() for k, v in batch.items()} if pinned else batch
+                for micro in plan.rank_micro_batches(batch):
+                    sequences = [self.store.sequence(p) for p in micro]
+                    collated = collate(
+                        [
+                            {"id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask, "hidden": states[p]}
+                            for p, s in zip(micro, sequences, strict=True)
+                        ]
+                    )
+                    yield {k: v.pin_memory() for k, v in collated.items()} if pinned else collated
             if previous is not None:
                 self.spool.release(previous, rank)
             if self.world.main:  # every rank took its first step, so every rank has read the scale
@@ -350,8 +351,7 @@ def spool_dir(root: Path, config: TrainParams) -> Path:
     return Path(config.stream_dir) if config.stream_dir else root / STREAM_DIR / "spool"
 
 
-def _steps(plan: BatchPlan, world: int) -> Iterator[tuple[int, list[list[int]]]]:
+def _steps(plan: BatchPlan) -> Iterator[tuple[int, list[list[int]]]]:
     """The global plan's steps from plan.start on, each as every rank's share of its batch."""
-    whole = BatchPlan(plan.lengths, plan.batch_size, plan.epochs, plan.seed, 0, 1, plan.max_tokens, plan.start)
-    for step, batch in enumerate(whole, start=plan.start):
-        yield step, rank_shares(batch, world)
+    for step, batch in enumerate(plan.global_batches(), start=plan.start):
+        yield step, plan.shares(batch)

@@ -15,6 +15,12 @@ safetensors file per request into a spool directory; the stage reads it back
 at once, puts the states into its shards in plan order and deletes it. Files
 (not shared memory) because with tensor parallelism rank 0 is another process.
 
+Whole prefills: every sequence is computed in one engine step (chunked prefill off, the step budget at least the
+longest sequence). vLLM's documentation of `extract_hidden_states` requires it, and speculators extracts so; the
+engine's resolved scheduler is checked after it starts, so a vLLM that re-enables chunking (a platform default,
+a newer release) stops the stage instead of extracting under a setting no test covers
+(tests/test_extract_chunked.py shows what chunking does to the capture).
+
 Matching the `hf` backend: vLLM captures layer k as the residual stream
 entering layer k (k = N: after the last layer), in ascending layer order. HF's
 hidden_states[N] is the final norm's output, so the stage applies the
@@ -79,6 +85,27 @@ class Eagle3HiddenStatesConnector(ExampleHiddenStatesConnector):
         return done or None, None
 
 
+def whole_prefills(max_model_len: int, batch_tokens: int) -> dict[str, Any]:
+    """Engine arguments for one step per prompt: chunked prefill off, which vLLM accepts only with a step budget
+    of at least the context length; extract.batch_tokens (tokens per forward pass) where it is larger."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, batch_tokens)}
+
+
+def check_whole_prefills(llm: Any, max_model_len: int) -> None:
+    """Refuse an engine whose scheduler would split a sequence over steps, whatever set it."""
+    scheduler = llm.llm_engine.vllm_config.scheduler_config
+    budget = min(
+        scheduler.max_num_batched_tokens, scheduler.max_num_scheduled_tokens or scheduler.max_num_batched_tokens
+    )
+    if scheduler.enable_chunked_prefill or budget < max_model_len:
+        raise Eagle3Error(
+            f"extract.backend vllm: the engine would split sequences over steps (chunked prefill "
+            f"{'on' if scheduler.enable_chunked_prefill else 'off'}, {budget:,} tokens per step for sequences of up to "
+            f"{max_model_len:,}); extraction captures whole prefills only: report this vLLM version's scheduler "
+            "setting, or use extract.backend hf"
+        )
+
+
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # HF LlamaRMSNorm / DeepseekV3RMSNorm arithmetic, so both backends round the same way.
     states = hidden.to(torch.float32)
@@ -119,6 +146,7 @@ class VllmHiddenStates:
             enforce_eager=engine.enforce_eager,
             trust_remote_code=request.provenance.trust_remote_code,
             enable_prefix_caching=False,
+            **whole_prefills(request.config.max_seq_len + 1, request.config.batch_tokens),
             **({"enable_sleep_mode": True} if self.sleep_mode else {}),
             speculative_config={
                 "method": "extract_hidden_states",
@@ -132,6 +160,8 @@ class VllmHiddenStates:
                 "kv_connector_extra_config": {"shared_storage_path": str(self.spool)},
             },
         )
+
+        check_whole_prefills(self.llm, request.config.max_seq_len + 1)
 
     def forward(self, batch: list[Sequence]) -> list[torch.Tensor]:
         from vllm.inputs import TokensPrompt
