@@ -118,12 +118,9 @@ test: system-packages lint
 
 # Before the hero run, on the machine it will use: the CUDA-only tests, then `eagle3 preflight` on the smoke params
 # in a scratch project (its verifier stage fetches the embedded verifier), so nothing of this project is touched.
-GPU_CHECK_DIR := .eagle3/gpu-check
+# One offline command for one GPU, before anything costly (eagle3/tools/gpu_check.py says what each step proves).
 gpu-check: setup
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m gpu tests/test_gpu.py
-	mkdir -p $(GPU_CHECK_DIR) && cp tests/smoke/params.yaml $(GPU_CHECK_DIR)/params.yaml
-	cd $(GPU_CHECK_DIR) && { test -f models/verifier/provenance.json || $(CURDIR)/$(PY) -m eagle3.cli verifier; }
-	cd $(GPU_CHECK_DIR) && $(CURDIR)/$(PY) -m eagle3.cli preflight
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m eagle3.tools.gpu_check
 
 FORCE:
 

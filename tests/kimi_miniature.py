@@ -179,8 +179,9 @@ def shipped_texts(repo: Path) -> list[str]:
     return [turn["value"] for row in rows for turn in row["conversations"]]
 
 
-def build(out: Path, repo: Path, seed: int = 0, wrapper: bool = False) -> Path:
-    """The miniature verifier as an HF directory in `out` (created), from `seed`; `repo` has the shipped prompts."""
+def build(out: Path, repo: Path, seed: int = 0, wrapper: bool = False, context: int = 8192) -> Path:
+    """The miniature verifier as an HF directory in `out` (created), from `seed`; `repo` has the shipped prompts.
+    `context`: its context length, YaRN-extended from 1,024 positions as Kimi-K2.5's is from 4,096."""
     import base64
 
     import torch
@@ -209,7 +210,7 @@ def build(out: Path, repo: Path, seed: int = 0, wrapper: bool = False) -> Path:
                 "eos_token": "[EOS]",
                 "pad_token": "[EOS]",
                 "additional_special_tokens": SPECIAL_TOKENS[2:],
-                "model_max_length": 8192,
+                "model_max_length": context,
                 "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
@@ -238,11 +239,11 @@ def build(out: Path, repo: Path, seed: int = 0, wrapper: bool = False) -> Path:
         routed_scaling_factor=2.5,
         scoring_func="sigmoid",
         topk_method="noaux_tc",
-        max_position_embeddings=8192,
+        max_position_embeddings=context,
         rope_theta=50000.0,
         rope_scaling={
             "type": "yarn",
-            "factor": 8.0,
+            "factor": context / 1024,
             "original_max_position_embeddings": 1024,
             "beta_fast": 32,
             "beta_slow": 1,

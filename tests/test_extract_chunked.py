@@ -91,3 +91,29 @@ def test_an_mla_verifier_extracts_prompts_longer_than_the_cpu_step_default(tmp_p
     for sequence, expected in zip(sequences, hf.forward(sequences), strict=True):
         errors = _token_errors(states[sequence.sample_id], expected)
         assert errors.mean(dim=1).max() < bound, (sequence.sample_id, errors.mean(dim=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check)")
+def test_the_stage_s_capture_on_cuda_matches_hf_at_every_length(tmp_path):
+    """On a GPU build (its own default step budget, CUDA graphs, its MLA kernels): the stage's capture on the
+    Kimi-shaped miniature at 17, 3,000 and 20,000 tokens against HF in float32, layer by layer, on both sides of
+    the 8,192- and 16,384-token steps vLLM's GPU builds would otherwise cut prompts into."""
+    model = build(tmp_path / "miniature", REPO, context=32768)
+    layers = [1, 3, 4, 6]
+    lengths = {"short": 17, "middle": 3000, "long": 20000}
+    ids = _random_ids(json.loads((model / "config.json").read_text())["vocab_size"], lengths)
+    states, refusals = _capture(
+        model, ids, tmp_path, "--layers", *map(str, layers), "--dtype", "bfloat16", "--trust-remote-code"
+    )
+    assert refusals == []
+    hf = HfHiddenStates(model, True, tuple(layers), "float32")
+    for name, tokens in ids.items():
+        (expected,) = hf.forward([Sequence(name, tokens, torch.ones_like(tokens, dtype=torch.bool), False)])
+        errors = _token_errors(states[name], expected.cpu())
+        print(name, "mean error per layer", [round(float(e), 4) for e in errors.mean(dim=1)])
+        assert errors.mean(dim=1).max() < 0.1, (name, errors.mean(dim=1))
+        for boundary in (8192, 16384):
+            if boundary < lengths[name]:
+                before, after = errors[:, boundary - 64 : boundary], errors[:, boundary : boundary + 64]
+                assert after.mean() < 2 * before.mean() + 0.01, (name, boundary, before.mean(), after.mean())

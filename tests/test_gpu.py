@@ -151,3 +151,48 @@ def test_hf_capture_on_the_gpu_matches_the_cpu(tmp_path):
         want = torch.stack([hidden[layer][0] for layer in layers]).to(torch.bfloat16)
         assert got.shape == want.shape and got.dtype == torch.bfloat16
         assert _relative_error(got, want) < 1e-2  # fp32 on both; the stored bf16 rounding dominates
+
+
+def test_nccl_fsdp2_and_a_checkpoint_round_trip_on_one_rank(tmp_path):
+    """What an 8-GPU run does on every rank, on one: an NCCL process group, the objective under FSDP2 (DTensor
+    parameters, all-gather and reduce-scatter over NCCL), a checkpoint gathered whole and loaded into a plain draft
+    that then steps exactly as the sharded one."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, device_id=torch.device("cuda", 0)
+    )
+    try:
+        total = torch.ones(1, device=CUDA)
+        dist.all_reduce(total)
+        assert total.item() == 1.0
+        batch = {k: v.to(CUDA) for k, v in sample_batch(_draft(), 2, 512, 3).items()}
+        sharded, _ = _fresh("off")
+        fully_shard(sharded, mesh=init_device_mesh("cuda", (1,)))
+        optimizer = make_optimizer(sharded.draft, TrainParams())
+        _steps(sharded, optimizer, batch, 2)
+        assert all(isinstance(p, DTensor) for p in sharded.draft.parameters())
+        state = {"step": 2, "total_steps": 3, "run_key": "gpu-test", "draft_config": _draft().to_json()}
+        path = save_checkpoint(tmp_path, sharded.draft, optimizer, state, keep=1)
+        plain, plain_optimizer = _fresh("off")
+        load_checkpoint(path, plain.draft, plain_optimizer)
+        for (name, want), got in zip(
+            sharded.draft.state_dict().items(), plain.draft.state_dict().values(), strict=True
+        ):
+            assert torch.equal(got, want.full_tensor() if isinstance(want, DTensor) else want), name
+        _steps(sharded, optimizer, batch, 1)
+        _steps(plain, plain_optimizer, batch, 1)
+        for (name, want), got in zip(
+            sharded.draft.state_dict().items(), plain.draft.state_dict().values(), strict=True
+        ):
+            assert torch.equal(got, want.full_tensor() if isinstance(want, DTensor) else want), name
+    finally:
+        dist.destroy_process_group()
