@@ -1,11 +1,12 @@
 """Which sequences form each global batch (fixed count or token budget), each process's share, and a step on an
 empty share: all without the pipeline."""
 
+import pytest
 import torch
 from test_draft import tiny_draft
 
 from eagle3.params.train import TrainParams
-from eagle3.training.data import BatchPlan, Collate
+from eagle3.training.data import BatchPlan, Collate, micro_batches_by_step
 from eagle3.training.distributed import Dist
 from eagle3.training.objective import Objective, make_optimizer, train_step
 
@@ -81,9 +82,9 @@ def test_no_process_holds_more_than_its_part_of_the_token_budget():
     steps = [next(BatchPlan(sizes, 16, 1, seed=0, rank=r, world=8, max_tokens=163840).steps()) for r in range(8)]
     assert sorted(len([p for p in m if p]) for m in steps) == [1] * 7 + [2]
     assert all(len(m) == 2 and all(len(p) <= 1 for p in m) for m in steps)
-    # Shares by tokens, not by count: one long sample against many short ones.
+    # Under a budget, shares by tokens, not by count: one long sample against many short ones.
     mixed = torch.tensor([16000, 2000, 2000, 2000, 2000, 2000, 2000, 2000, 2000])
-    shares = BatchPlan(mixed, 16, 1, seed=0, world=2).shares(list(range(9)))
+    shares = BatchPlan(mixed, 16, 1, seed=0, world=2, max_tokens=32000).shares(list(range(9)))
     assert [int(mixed[s].sum()) for s in shares] == [16000, 16000]
 
 
@@ -111,3 +112,16 @@ def test_an_empty_share_is_a_zero_row_batch_that_gives_every_parameter_a_zero_gr
     for name, param in draft.named_parameters():
         assert param.grad is not None and not param.grad.any(), name
         assert torch.equal(param, before[name]), name  # AdamW with zero gradients and no decay leaves it
+
+
+def test_micro_batches_group_into_steps_and_the_loader_runs_to_its_end():
+    finished = []
+
+    def loader():
+        yield from "abcde"
+        finished.append(True)  # what a streamed run's clean-up or a DataLoader's shutdown stands for
+
+    assert list(micro_batches_by_step(loader(), [2, 1, 2])) == [["a", "b"], ["c"], ["d", "e"]]
+    assert finished == [True]
+    with pytest.raises(RuntimeError, match="more batches than the plan's steps"):
+        list(micro_batches_by_step(loader(), [2, 1]))

@@ -41,7 +41,14 @@ from eagle3.params.train import TrainParams
 from eagle3.paths import CHECKPOINT_DIR, HIDDEN_INDEX, VOCAB_FILE
 from eagle3.progress import Quiet, progress, step
 from eagle3.resume import resume_or_reset, run_key
-from eagle3.training.data import SCALE_SAMPLES, BatchPlan, Collate, batches, measure_aux_scale
+from eagle3.training.data import (
+    SCALE_SAMPLES,
+    BatchPlan,
+    Collate,
+    batches,
+    measure_aux_scale,
+    micro_batches_by_step,
+)
 from eagle3.training.distributed import Dist, distribute, setup_distributed
 from eagle3.training.launch import launch, launcher_command
 from eagle3.training.log import Window, open_log
@@ -227,9 +234,9 @@ def _fit(
     started = time.monotonic()
     with progress() if world.main else Quiet() as bar:
         task = bar.add_task("train (steps)", total=total, completed=start)
-        loaded = batches(loader)
-        for step_index, count in enumerate(plan.micro_counts(), start=start):
-            micro = [{k: v.to(world.device, non_blocking=True) for k, v in next(loaded).items()} for _ in range(count)]
+        grouped = micro_batches_by_step(batches(loader), plan.micro_counts())
+        for step_index, loaded in enumerate(grouped, start=start):
+            micro = [{k: v.to(world.device, non_blocking=True) for k, v in batch.items()} for batch in loaded]
             lr = learning_rate(config, step_index, total)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -256,7 +263,7 @@ def _fit(
                 world.barrier()
             bar.advance(task)
             # Not held while the next batch is awaited: a verifier waking between phases gets the GPU memory back.
-            del micro, result
+            del micro, loaded, result
     elapsed = time.monotonic() - started
     if live is not None:
         tokens_done = window.tokens

@@ -194,6 +194,16 @@ def batches(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, torch.Ten
         raise kind(last.removeprefix(f"{kind.__module__}.{kind.__qualname__}: ")) from None
 
 
+def micro_batches_by_step(loaded: Iterator[Any], counts: Iterable[int]) -> Iterator[list[Any]]:
+    """The loaded micro-batches grouped into optimizer steps (`counts`: BatchPlan.micro_counts). Ends by running
+    the loader to its end, so what it does after its last batch (a streamed run's spool clean-up, the workers'
+    shutdown) happens; a loader with batches left over is a bug, refused."""
+    for count in counts:
+        yield [next(loaded) for _ in range(count)]
+    if next(loaded, None) is not None:
+        raise RuntimeError("the loader has more batches than the plan's steps")
+
+
 def measure_aux_scale(states: Iterable[torch.Tensor], layers: int) -> torch.Tensor:
     """Per-channel RMS of fc's input over `states` (the first SCALE_SAMPLES samples' [layers, tokens, hidden]),
     skipping each sequence's first (attention-sink) token."""
