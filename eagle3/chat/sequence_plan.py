@@ -7,20 +7,17 @@ training run (train.hidden_states `streamed`) computes their states in it, so al
 sequence position is.
 """
 
-import queue
-import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from eagle3.background import one_ahead
 from eagle3.chat.token_layout import Sequence, layout
 from eagle3.formats.provenance import Provenance, verifier_dir
 from eagle3.formats.synthetic import PART_PATTERN, read_manifest, read_part
 from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -77,40 +74,3 @@ def part_sequences(
 def split_sequences(parts: list[Part], tokenizer: Any, max_seq_len: int) -> Iterator[list[Sequence]]:
     """Each part's sequences, a part at a time, laid out one part ahead of the consumer."""
     return one_ahead(list(part_sequences(read_part(part.path), tokenizer, max_seq_len, Counter())) for part in parts)
-
-
-def one_ahead(items: Iterator[T]) -> Iterator[T]:
-    """`items`, computed by a background thread one item ahead of the consumer (tokenization overlaps the
-    consumer's work; at most two items exist at a time). An exception in the thread is raised in the consumer."""
-    ahead: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
-    finished = object()
-
-    def offer(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                ahead.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not offer(item):
-                    return
-            offer(finished)
-        except BaseException as exc:  # handed to the consumer, which raises it where the stage can report it
-            offer(exc)
-
-    worker = threading.Thread(target=produce, name="sequence-planner", daemon=True)
-    worker.start()
-    try:
-        while (item := ahead.get()) is not finished:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        worker.join()

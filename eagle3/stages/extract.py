@@ -34,7 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.sequence_plan import Part, load_tokenizer, one_ahead, part_sequences, synthetic_parts
+import torch
+
+from eagle3.background import Background, one_ahead
+from eagle3.chat.sequence_plan import Part, load_tokenizer, part_sequences, synthetic_parts
 from eagle3.chat.token_layout import Sequence
 from eagle3.engines.hidden_states.backends import open_capture
 from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture
@@ -273,23 +276,30 @@ def _write_shards(
         if any(id(owner[position]) in wanted for position in batch)
     ]
     (out / plan.part.split).mkdir(parents=True, exist_ok=True)
-    writer: ShardWriter | None = None
+    open_shard: list[ShardWriter] = []  # the shard being written, by the writing thread alone
+
+    def write(position: int, hidden: torch.Tensor) -> None:
+        shard, sequence = owner[position], sequences[position]
+        if not open_shard:
+            path = out / shard.split / shard.path_name
+            open_shard.append(ShardWriter(path, meta, config.compression_level, config.compression_threads))
+        open_shard[0].add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
+        extracted.tokens += len(sequence.input_ids)
+        if sequence is shard.sequences[-1]:
+            open_shard.pop().close()
+            made(shard)
+
+    # Compressing and writing run beside the next forward passes; the engine waits only when the writer is a
+    # whole batch of samples behind (the queue's depth bounds the states held for it).
+    writing = Background(write, depth=max(config.compression_threads, 1))
     try:
         for position, hidden in in_plan_order(backend, sequences, batches, positions):
-            shard, sequence = owner[position], sequences[position]
-            if writer is None:
-                writer = ShardWriter(
-                    out / shard.split / shard.path_name, meta, config.compression_level, config.compression_threads
-                )
-            writer.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
-            extracted.tokens += len(sequence.input_ids)
-            if sequence is shard.sequences[-1]:
-                writer.close()
-                writer = None
-                made(shard)
+            writing.put(position, hidden)
+        writing.finish()
     except BaseException:
-        if writer is not None:
-            writer.abort()
+        writing.abandon()
+        if open_shard:
+            open_shard[0].abort()
         raise
     extracted.forward_passes += len(batches)
 

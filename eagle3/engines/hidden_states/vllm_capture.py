@@ -6,20 +6,17 @@ sequence as a prompt with max_tokens=1; its `extract_hidden_states` "draft"
 writes the requested layers of every prompt token into a KV-cache group, and a
 KV connector copies them out when the request finishes.
 
-vLLM's own `ExampleHiddenStatesConnector` cannot run on CPU (it copies through
-pinned host memory on a CUDA stream: "pin_memory=True requires a CUDA or other
-accelerator backend"), so vLLM loads `Eagle3HiddenStatesConnector` below
-through `kv_connector_module_path`: the same extraction, copied synchronously
-with `.cpu()`, which works on CPU and GPU alike. TP rank 0 writes one
-safetensors file per request into a spool directory; the stage reads it back
-at once, puts the states into its shards in plan order and deletes it. Files
-(not shared memory) because with tensor parallelism rank 0 is another process.
+vLLM loads `Eagle3HiddenStatesConnector` below through `kv_connector_module_path`: vLLM's own
+`ExampleHiddenStatesConnector` on CUDA (an asynchronous copy through pinned memory, files written by a thread
+pool), with a synchronous copy where the CPU build has no pinned memory. TP rank 0 writes one safetensors file
+per request into a spool directory; the stage reads it back once complete, puts the states into its shards in
+plan order and deletes it. Files (not shared memory) because with tensor parallelism rank 0 is another process.
 
 Whole prefills: every sequence is computed in one engine step (chunked prefill off, the step budget at least the
-longest sequence). vLLM's documentation of `extract_hidden_states` requires it, and speculators extracts so; the
-engine's resolved scheduler is checked after it starts, so a vLLM that re-enables chunking (a platform default,
-a newer release) stops the stage instead of extracting under a setting no test covers
-(tests/test_extract_chunked.py shows what chunking does to the capture).
+longest sequence), as vLLM's documentation of `extract_hidden_states` asks and speculators extracts. The
+capture is also right across chunks (tests/test_extract_chunked.py forces chunked prefill on at 64 tokens per
+step: every position matches HF), but the GPU check covers whole prefills, so the engine's resolved scheduler is
+checked after it starts and a vLLM that chunks anyway (a platform default, a newer release) stops the stage.
 
 Matching the `hf` backend: vLLM captures layer k as the residual stream
 entering layer k (k = N: after the last layer), in ascending layer order. HF's
@@ -35,7 +32,9 @@ from safetensors.torch import load_file, save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
     ExampleHiddenStatesConnector,
     PendingSave,
+    cleanup_hidden_states,
     extract_from_kv_cache,
+    load_hidden_states,
 )
 
 from eagle3.chat.token_layout import Sequence
@@ -49,20 +48,30 @@ CONNECTOR = "Eagle3HiddenStatesConnector"
 
 
 class Eagle3HiddenStatesConnector(ExampleHiddenStatesConnector):
-    """ExampleHiddenStatesConnector with a synchronous device-to-host copy: no pinned memory, streams or events.
+    """vLLM's ExampleHiddenStatesConnector, with a synchronous device-to-host copy where there is no CUDA.
 
-    The stage drives the engine step by step and reads each file only after the step that wrote it, so the
-    flock protocol of the parent class (for clients of a running server) is not needed either."""
+    On CUDA the parent's path runs as it is: the copy on its own stream into pinned memory and the file written by
+    a thread pool, so the engine's next step does not wait for either; each file's lock (held until it is
+    written) tells the reader when it is complete. The CPU build has no pinned memory or streams ("pin_memory=True
+    requires a CUDA or other accelerator backend"): there each request's states are copied and written before
+    the step returns, atomically, and the reader takes a file once it exists."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        from vllm.platforms import current_platform
+
+        self._synchronous = not current_platform.is_cuda_alike()
         self._written: set[str] = set()
         self._finished: set[str] = set()
 
     def wait_for_save(self) -> None:
-        pass
+        if not self._synchronous:
+            super().wait_for_save()
 
     def _submit_async_write(self, pending: PendingSave) -> None:
+        if not self._synchronous:
+            super()._submit_async_write(pending)
+            return
         if not self._is_tp_rank_zero:
             return
         blocks = torch.tensor(pending.block_ids, dtype=torch.long)
@@ -75,6 +84,8 @@ class Eagle3HiddenStatesConnector(ExampleHiddenStatesConnector):
         self._written.add(pending.req_id)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if not self._synchronous:
+            return super().get_finished(finished_req_ids)
         if self.has_connector_metadata():
             for pending in self._get_connector_metadata().pending_saves:
                 self._submit_async_write(pending)
@@ -83,6 +94,22 @@ class Eagle3HiddenStatesConnector(ExampleHiddenStatesConnector):
         self._finished -= done
         self._written -= done
         return done or None, None
+
+
+def _lock_of(path: Path) -> Path:
+    """The parent connector's lock beside each file it writes asynchronously (CUDA)."""
+    return path.with_name(path.name + ".lock")
+
+
+def read_states(path: Path) -> dict[str, torch.Tensor]:
+    """A request's file, once complete: after its writer's lock is released where there is one (CUDA), else as
+    it is (written atomically). Removes the file and its lock."""
+    if _lock_of(path).is_file():
+        tensors = load_hidden_states(str(path))
+    else:
+        tensors = load_file(path)
+    cleanup_hidden_states(str(path))
+    return tensors
 
 
 def whole_prefills(max_model_len: int, batch_tokens: int) -> dict[str, Any]:
@@ -176,15 +203,14 @@ class VllmHiddenStates:
         # States are copied one engine step after their request finishes; the engine has no more outputs to
         # report, so step it until every file is there (a few steps; the bound only guards against a hang).
         for _ in range(64):
-            if all(p.is_file() for p in paths):
+            if all(p.is_file() or _lock_of(p).is_file() for p in paths):
                 break
             self.llm.llm_engine.step()
         states = []
         for sequence, path in zip(batch, paths, strict=True):
-            if not path.is_file():
+            if not (path.is_file() or _lock_of(path).is_file()):
                 raise Eagle3Error(f"extract.backend vllm: {path}: hidden states never written by {CONNECTOR}")
-            tensors = load_file(path)
-            path.unlink()
+            tensors = read_states(path)
             if not torch.equal(tensors["token_ids"].to(torch.int64), sequence.input_ids):
                 raise Eagle3Error(f"extract.backend vllm: {sequence.sample_id}: vLLM saw other token ids than planned")
             hidden = tensors["hidden_states"].transpose(0, 1)  # [layers (ascending), tokens, hidden]
