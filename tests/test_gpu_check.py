@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from eagle3.tools.gpu_check import steps
+
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -25,12 +27,18 @@ def test_gpu_check_runs_offline_to_its_summary_without_a_gpu(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert [line.split(": ")[1] for line in lines[:-1]] == ["kernels", "extraction", "training memory", "preflight"]
-    for line in lines[:3]:
+    names = ["kernels", "extraction", "proposals", "training memory", "preflight"]
+    assert [line.split(": ")[1] for line in lines[:-1]] == names
+    for line in lines[:4]:
         assert ": needs CUDA (0 s): " in line, line
-    assert ": preflight: passed (" in lines[3]
-    assert lines[-1] == "gpu-check on no CUDA device: 4 of 4 steps without failure"
+    assert ": preflight: passed (" in lines[4]
+    assert lines[-1] == "gpu-check on no CUDA device: 5 of 5 steps without failure"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["failed"] == [] and [s["result"] for s in summary["steps"]][-1] == "passed"
-    preflight = json.loads((tmp_path / "project/reports/preflight.json").read_text())
-    assert preflight
+    # The limits add up to the 9 minutes the runbook and the plan give the command.
+    assert sum(step.limit_s for step in steps()) == 9 * 60
+    # Preflight ran on the project the step made: the embedded verifier converted there, every item ready.
+    items = json.loads((tmp_path / "project/reports/preflight.json").read_text())["items"]
+    assert {"machine", "verifier", "training"} <= set(items)
+    assert all(item["status"] in ("ready", "not available") for item in items.values()), items
+    assert (tmp_path / "project/models/verifier/provenance.json").is_file()

@@ -1,5 +1,5 @@
-"""`make gpu-check`: what only a GPU can show, in one offline command of at most ~9 minutes, before anything costly
-runs on a rented machine (docs/hero-run.md runs it on both machines).
+"""`make gpu-check`: what only a GPU can show, in one offline command of at most 9 minutes (the steps' limits add
+up to that), before anything costly runs on a rented machine (docs/hero-run.md runs it there).
 
 Each step runs in its own process under its own time limit, the next one starts whatever the last one did, and
 each ends in one summary line; the log of each is in .eagle3/gpu-check/<step>.log and the summary in
@@ -51,14 +51,21 @@ def steps(out: Path = OUT) -> list[Step]:
             "the attention kernels against fp64, a training step with each recompute, bit-identical resume, the hf "
             "capture on the GPU against the CPU, NCCL + FSDP2 + a checkpoint round trip on one rank",
             [_pytest("tests/test_gpu.py")],
-            240,
+            60,
         ),
         Step(
             "extraction",
             "the project's vLLM capture on the Kimi-shaped MLA + MoE miniature at 17, 3,000 and 20,000 tokens "
             "against HF in float32, every position, with the stage's own engine settings",
             [_pytest("tests/test_extract_chunked.py")],
-            240,
+            120,
+        ),
+        Step(
+            "proposals",
+            "vLLM's Model Runner V2 (what `vllm serve` runs on CUDA) proposes, from a real verifier's captured "
+            "states, the tokens the project's own draft forward proposes",
+            [_pytest("tests/test_draft_in_vllm.py")],
+            60,
         ),
         Step(
             "training memory",
@@ -68,14 +75,14 @@ def steps(out: Path = OUT) -> list[Step]:
                 [sys.executable, "benchmarks/train_memory.py", "--rows", "2048x7", "8192x7", "16384x7"],
                 [sys.executable, "benchmarks/train_gpu.py", "--tokens", "2048", "8192", "16384", "--arms", "mlp"],
             ],
-            180,
+            60,
         ),
         Step(
             "preflight",
             "the verifier stage and `eagle3 preflight` on the smoke params (CPU or GPU): engines start, extraction "
             "and training rates, disk",
             [[*cli, "verifier"], [*cli, "preflight"]],
-            300,
+            240,
             needs_cuda=False,
             cwd=project,
         ),
