@@ -119,7 +119,8 @@ def _nvidia_smi(*query: str) -> list[str] | None:
     return answer.stdout.splitlines() if answer.returncode == 0 else None
 
 
-def _driver_version() -> str | None:
+def driver_version() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it; None without one."""
     versions = _nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")
     if not versions or not versions[0].strip().split(".")[0].isdigit():
         return None
@@ -139,7 +140,7 @@ def driver_problem(lock: Path) -> str | None:
     nvidia-smi to ask)."""
     if lock.name != "cuda.txt":
         return None
-    version = _driver_version()
+    version = driver_version()
     if version is None or int(version.split(".")[0]) >= CUDA_LOCK_DRIVER:
         return None
     return _too_old(version, f"{_shown(lock)} installs")
@@ -158,7 +159,7 @@ def unseen_gpus() -> str | None:
             f"nvidia-smi lists {len(listed)} GPU(s) but this environment's torch is its CPU build "
             f"({torch.__version__}); run `make setup`, which installs the CUDA lock where nvidia-smi answers"
         )
-    version = _driver_version()
+    version = driver_version()
     if version is not None and int(version.split(".")[0]) < CUDA_LOCK_DRIVER:
         return _too_old(version, "this environment runs")
     return (

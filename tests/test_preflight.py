@@ -183,6 +183,43 @@ def test_a_disk_too_small_for_the_states_is_the_data_path_verdict(tmp_path, monk
     )
 
 
+def test_a_shared_memory_too_small_for_the_loader_workers_is_the_data_path_verdict(tmp_path, monkeypatch):
+    """Eight training processes of the hero batch (20,480 tokens each at once, 2 loader workers, 4 captured layers
+    of 7,168 values) hand up to 75 GB over through /dev/shm; a container's default 64 MB is refused before the run,
+    a machine's 256 GB is not."""
+    from types import SimpleNamespace
+
+    from eagle3.config import load_params
+    from eagle3.tools import preflight_machine
+    from eagle3.tools.preflight_items import Context, Fix, Item
+
+    params = smoke_params()
+    params["train"].update(num_workers=2, max_tokens_per_batch=163840, launch={"processes_per_node": 8})
+    params["extract"].update(max_seq_len=20480, aux_layer_ids=[2, 30, 58])
+    root = make_project(tmp_path / "project", params)
+    usage = namedtuple("usage", "total used free")
+    context = Context(root, load_params(root / "params.yaml"), tmp_path, provenance=SimpleNamespace(hidden_size=7168))
+    need = 8 * 2 * 4 * 20480 * 4 * 7168 * 2
+    for shm, refused in ((64 * 2**20, True), (256e9, False)):
+
+        def disk_usage(path, shm=shm):
+            return usage(shm, 0, shm) if str(path) == "/dev/shm" else usage(10e12, 0, 10e12)
+
+        monkeypatch.setattr(preflight_machine.shutil, "disk_usage", disk_usage)
+        item = Item("data_path")
+        if refused:
+            with pytest.raises(Fix) as problem:
+                preflight_machine.measure_data_path(context, item)
+            assert str(problem.value) == (
+                "/dev/shm holds 0.1 GB, the DataLoader workers of 8 training process(es) hand over up to 75.2 GB "
+                "there (2 worker(s) x 4 batches of 20,480 tokens each): give it 76 GB (docker run --shm-size 76g) or "
+                "lower train.num_workers"
+            )
+        else:
+            preflight_machine.measure_data_path(context, item)
+        assert item.figures["shared_memory_needed_bytes"] == need
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [

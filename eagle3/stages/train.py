@@ -42,6 +42,7 @@ from eagle3.paths import CHECKPOINT_DIR, HIDDEN_INDEX, VOCAB_FILE
 from eagle3.progress import Quiet, progress, step
 from eagle3.resume import resume_or_reset, run_key
 from eagle3.training.data import (
+    PREFETCH_BATCHES,
     SCALE_SAMPLES,
     BatchPlan,
     Collate,
@@ -221,7 +222,7 @@ def _fit(
             batch_sampler=plan,
             collate_fn=collate,
             num_workers=workers,
-            prefetch_factor=4 if workers else None,
+            prefetch_factor=PREFETCH_BATCHES if workers else None,
             pin_memory=pinned,
         )
     if checkpoint is None and not draft_config.layout.normalises_aux:  # the draft's doc says why

@@ -76,8 +76,11 @@ def measure_machine(context: Context, item: Item) -> None:
     description = (
         f"{len(accelerators)} x {accelerators[0]['name']}" if accelerators else f"CPU ({environment['cpu']['model']})"
     ) + (f", {cores} cores, {ram / 2**30:.0f} GiB RAM" if ram else f", {cores} cores")
+    from eagle3.locked_environment import driver_version
+
     item.figures.update(
         description=description,
+        nvidia_driver=driver_version(),
         accelerators=accelerators,
         accelerator_count=len(accelerators),
         cpu_cores=cores,
@@ -87,6 +90,7 @@ def measure_machine(context: Context, item: Item) -> None:
     )
     item.how.update(
         accelerators="torch.cuda device names and total memory",
+        nvidia_driver="nvidia-smi --query-gpu=driver_version (None without one)",
         precision=f"{MATMUL_SIZE}x{MATMUL_SIZE} matmuls per device and dtype, ~{per_dtype:.1f} s each",
         environment="eagle3/environment.py's record, the one every stage writes",
     )
@@ -261,6 +265,47 @@ def planned_states_bytes(context: Context) -> tuple[float | None, str]:
     )
 
 
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def shared_memory_problem(context: Context, item: Item, workers: int) -> str | None:
+    """What the DataLoader workers of this machine's training processes may hold in /dev/shm at once, against its
+    size (a container's default is 64 MB; the workers then die with a bus error hours into the run); the problem
+    in one line, or None. Figures in `item` (the data path's)."""
+    import torch
+
+    from eagle3.training.data import PREFETCH_BATCHES, loader_shared_memory, tokens_per_process
+
+    train, extract = context.params.train, context.params.extract
+    per_node = train.launch.processes_per_node
+    processes = per_node if isinstance(per_node, int) else max(torch.cuda.device_count(), 1)
+    hidden = getattr(context.provenance, "hidden_size", None)
+    size = shutil.disk_usage(SHARED_MEMORY).total if SHARED_MEMORY.is_dir() else None
+    item.figures["shared_memory_bytes"] = size
+    item.how["shared_memory_bytes"] = f"shutil.disk_usage({SHARED_MEMORY})"
+    if train.hidden_states != "stored" or workers == 0 or hidden is None or size is None:
+        item.figures["shared_memory_needed_bytes"] = None
+        return None
+    layers = len(extract.aux_layer_ids or [None] * 3) + 1
+    tokens = tokens_per_process(
+        train.max_tokens_per_batch, train.batch_size, processes * train.launch.nodes, extract.max_seq_len
+    )
+    need = processes * loader_shared_memory(tokens, layers, hidden, workers)
+    item.figures["shared_memory_needed_bytes"] = need
+    item.how["shared_memory_needed_bytes"] = (
+        f"{processes} training process(es) x {workers} loader worker(s) x {PREFETCH_BATCHES} batches of {tokens:,} "
+        f"tokens x {layers} layers x {hidden} x 2 bytes"
+    )
+    if size >= need:
+        return None
+    return (
+        f"{SHARED_MEMORY} holds {size / GB:,.1f} GB, the DataLoader workers of {processes} training process(es) hand "
+        f"over up to {need / GB:,.1f} GB there ({workers} worker(s) x {PREFETCH_BATCHES} batches of {tokens:,} tokens "
+        f"each): give it {math.ceil(need / GB)} GB (docker run --shm-size {math.ceil(need / GB)}g) or lower "
+        "train.num_workers"
+    )
+
+
 def measure_data_path(context: Context, item: Item) -> None:
     from eagle3.paths import HIDDEN_DIR
 
@@ -294,14 +339,17 @@ def measure_data_path(context: Context, item: Item) -> None:
             f"{need / GB:,.1f} GB + extract.reserve_free_gb {params.extract.reserve_free_gb:g}: free space there or "
             "move data/hidden to a larger disk"
         )
+    import torch
+
+    from eagle3.stages.train import data_workers
+    from eagle3.training.distributed import Dist
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    workers = data_workers(params.train, Dist(device=device))
+    shared = shared_memory_problem(context, item, workers)
+    if shared:
+        problems.append(shared)
     if context.encoded_samples:
-        import torch
-
-        from eagle3.stages.train import data_workers
-        from eagle3.training.distributed import Dist
-
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        workers = data_workers(params.train, Dist(device=device))
         per_process = decode_rate(context.encoded_samples, params.extract.storage, budget / 4)
         feed = per_process * max(workers, 1)
         train_rate = context.figure("training", "tokens_per_s")

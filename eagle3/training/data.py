@@ -18,6 +18,8 @@ from eagle3.modeling.draft import DraftConfig
 
 # Samples used to measure the per-channel scale of fc's input (their first token, an attention sink, excluded).
 SCALE_SAMPLES = 64
+# Batches each DataLoader worker prepares ahead of the trainer.
+PREFETCH_BATCHES = 4
 
 
 class Collate:
@@ -57,6 +59,13 @@ def tokens_per_process(max_tokens_per_batch: int | None, batch_size: int, proces
     if max_tokens_per_batch is not None:
         return max(max_tokens_per_batch // processes, longest)
     return -(-batch_size // processes) * longest
+
+
+def loader_shared_memory(tokens: int, layers: int, hidden: int, workers: int) -> int:
+    """Bytes one training process's DataLoader workers may hold in shared memory (/dev/shm, where worker
+    processes hand their batches over) at once: each worker's prefetched batches of `tokens` padded tokens of
+    bf16 states (`layers` captured layers of `hidden` values)."""
+    return workers * PREFETCH_BATCHES * tokens * layers * hidden * 2
 
 
 def balanced_shares(batch: list[int], lengths: torch.Tensor, world: int) -> list[list[int]]:
