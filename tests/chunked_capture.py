@@ -33,7 +33,7 @@ def main(args: argparse.Namespace) -> None:
     vllm_capture.check_whole_prefills = checked
     if args.step_tokens is not None:
         chunked = {"enable_chunked_prefill": True, "max_num_batched_tokens": args.step_tokens, "max_num_seqs": 4}
-        vllm_capture.whole_prefills = lambda max_model_len, batch_tokens: chunked
+        vllm_capture.whole_prefills = lambda step_tokens: chunked
     config = json.loads((args.model_dir / "config.json").read_text())
     request = CaptureRequest(
         model_dir=args.model_dir,

@@ -85,12 +85,17 @@ def start_engine(
 CPU_STEP_TOKENS_PER_RANK = 4096
 
 
+def whole_prefills(step_tokens: int) -> dict[str, Any]:
+    """Engine arguments for one step per prompt: chunked prefill off, which vLLM accepts only with a step budget
+    (`step_tokens`) of at least the context length."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": step_tokens}
+
+
 def cpu_mla_whole_prefills(max_model_len: int, tensor_parallel_size: int) -> dict[str, Any]:
     """vLLM-CPU runs MLA without chunked prefill, but turns it off only after the scheduler has taken its per-step
     budget from the chunked default (4,096 tokens): a longer prompt then never fits a step and the engine waits
     forever. Asked for at start, whole prefills come with a budget that holds the longest prompt."""
-    budget = max(max_model_len, CPU_STEP_TOKENS_PER_RANK * tensor_parallel_size)
-    return {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
+    return whole_prefills(max(max_model_len, CPU_STEP_TOKENS_PER_RANK * tensor_parallel_size))
 
 
 def on_cpu_build() -> bool:

@@ -81,19 +81,26 @@ def balanced_shares(batch: list[int], lengths: torch.Tensor, world: int) -> list
     return [[p for p in batch if owner[p] == rank] for rank in range(world)]
 
 
+def padded_cuts(lengths: list[int], budget: int, most: int | None = None) -> list[tuple[int, int]]:
+    """(first, end) ranges cutting ascending `lengths` into runs of at most `budget` padded tokens (count x the
+    run's last, longest; a longer one alone) and at most `most` entries."""
+    ranges, first = [], 0
+    for end, length in enumerate(lengths, start=1):
+        count = end - first
+        if count > 1 and (count * length > budget or (most is not None and count > most)):
+            ranges.append((first, end - 1))
+            first = end - 1
+    ranges.append((first, len(lengths)))
+    return ranges
+
+
 def micro_batches(share: list[int], lengths: torch.Tensor, budget: int | None) -> list[list[int]]:
     """A process's share in micro-batches of at most `budget` padded tokens (count x longest; a longer sequence
-    alone): the whole share where it fits, else cut shortest first."""
+    alone): the whole share, in its order, where it fits, else cut shortest first."""
     if not share or budget is None or len(share) * max(int(lengths[p]) for p in share) <= budget:
         return [list(share)]
     ordered = sorted(share, key=lambda p: (int(lengths[p]), p))
-    parts, first = [], 0
-    for end in range(1, len(ordered) + 1):
-        if end - first > 1 and (end - first) * int(lengths[ordered[end - 1]]) > budget:
-            parts.append(ordered[first : end - 1])
-            first = end - 1
-    parts.append(ordered[first:])
-    return parts
+    return [ordered[a:b] for a, b in padded_cuts([int(lengths[p]) for p in ordered], budget)]
 
 
 class BatchPlan(torch.utils.data.Sampler):
@@ -146,14 +153,7 @@ class BatchPlan(torch.utils.data.Sampler):
 
     def _fill(self, window: torch.Tensor) -> list[torch.Tensor]:
         """Cut a window sorted by length into batches of at most max_tokens padded tokens."""
-        batches, first = [], 0
-        for end, length in enumerate(self.lengths[window].tolist(), start=1):
-            count = end - first
-            if count > 1 and (count * length > self.max_tokens or count > self.batch_size):
-                batches.append(window[first : end - 1])
-                first = end - 1
-        batches.append(window[first:])
-        return batches
+        return [window[a:b] for a, b in padded_cuts(self.lengths[window].tolist(), self.max_tokens, self.batch_size)]
 
     def global_batches(self) -> Iterator[list[int]]:
         """Every global batch from `start` on, as sample positions."""

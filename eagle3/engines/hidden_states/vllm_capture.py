@@ -39,7 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 
 from eagle3.chat.token_layout import Sequence
 from eagle3.engines.hidden_states.base import CaptureRequest
-from eagle3.engines.vllm_env import import_vllm, prepare_environment, start_engine
+from eagle3.engines.vllm_env import import_vllm, prepare_environment, start_engine, whole_prefills
 from eagle3.errors import Eagle3Error
 from eagle3.files import atomic_path
 from eagle3.formats.hf_weights import final_norm
@@ -112,12 +112,6 @@ def read_states(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def whole_prefills(max_model_len: int, batch_tokens: int) -> dict[str, Any]:
-    """Engine arguments for one step per prompt: chunked prefill off, which vLLM accepts only with a step budget
-    of at least the context length; extract.batch_tokens (tokens per forward pass) where it is larger."""
-    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, batch_tokens)}
-
-
 def check_whole_prefills(llm: Any, max_model_len: int) -> None:
     """Refuse an engine whose scheduler would split a sequence over steps, whatever set it."""
     scheduler = llm.llm_engine.vllm_config.scheduler_config
@@ -173,7 +167,7 @@ class VllmHiddenStates:
             enforce_eager=engine.enforce_eager,
             trust_remote_code=request.provenance.trust_remote_code,
             enable_prefix_caching=False,
-            **whole_prefills(request.config.max_seq_len + 1, request.config.batch_tokens),
+            **whole_prefills(max(request.config.max_seq_len + 1, request.config.batch_tokens)),
             **({"enable_sleep_mode": True} if self.sleep_mode else {}),
             speculative_config={
                 "method": "extract_hidden_states",
