@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3.formats.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from eagle3.formats.checkpoints import checkpoint_bytes, latest_checkpoint, load_checkpoint, save_checkpoint
 from eagle3.params.train import TrainParams
 from eagle3.training.distributed import distribute, setup_distributed
 from eagle3.training.memory import draft_config_for, make_objective_for
@@ -59,7 +59,7 @@ def main() -> None:
         losses.append(float((world.all_sum(result.sums.clone()) / result.counts).sum()))
         state = {"step": step + 1, "total_steps": steps, "run_key": "test", "draft_config": draft.config.to_json()}
         save_checkpoint(out, draft, optimizer, state, keep=steps, write=world.main)
-        world.barrier()
+        world.wait_for_writer(checkpoint_bytes(draft, optimizer))
     if world.main:
         rows = {
             name: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)

@@ -212,12 +212,46 @@ def test_a_shared_memory_too_small_for_the_loader_workers_is_the_data_path_verdi
                 preflight_machine.measure_data_path(context, item)
             assert str(problem.value) == (
                 "/dev/shm holds 0.1 GB, the DataLoader workers of 8 training process(es) hand over up to 75.2 GB "
-                "there (2 worker(s) x 4 batches of 20,480 tokens each): give it 76 GB (docker run --shm-size 76g) or "
-                "lower train.num_workers"
+                "there (2 worker(s) x 4 batches of 20,480 tokens each, 4 layers x 7168 values x 2 bytes a token): "
+                "give it 76 GB (docker run --shm-size 76g) or lower train.num_workers"
             )
         else:
             preflight_machine.measure_data_path(context, item)
         assert item.figures["shared_memory_needed_bytes"] == need
+
+
+def test_a_streamed_spool_on_shared_memory_must_fit_there(tmp_path, monkeypatch):
+    """The streamed states' spool keeps up to train.stream_buffer_gb in train.stream_dir: on /dev/shm that must fit
+    its size; on a disk /dev/shm is not asked for anything."""
+    from types import SimpleNamespace
+
+    from eagle3.config import load_params
+    from eagle3.tools import preflight_machine
+    from eagle3.tools.preflight_items import Context, Item
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(
+        preflight_machine.shutil,
+        "disk_usage",
+        lambda path: usage(8e9, 0, 8e9) if str(path) == "/dev/shm" else usage(10e12, 0, 10e12),
+    )
+    needs = {}
+    for where in ("/dev/shm/eagle3-spool", str(tmp_path / "spool")):
+        params = smoke_params()
+        params["train"].update(hidden_states="streamed", stream_buffer_gb=12, stream_dir=where, num_workers=2)
+        params["extract"]["splits"] = ["heldout"]
+        root = make_project(tmp_path / f"project-{len(needs)}", params)
+        context = Context(root, load_params(root / "params.yaml"), tmp_path, provenance=SimpleNamespace(hidden_size=64))
+        item = Item("data_path")
+        problem = preflight_machine.shared_memory_problem(context, item, workers=2)
+        needs[where] = item.figures["shared_memory_needed_bytes"], problem
+    assert needs[str(tmp_path / "spool")] == (None, None)
+    assert needs["/dev/shm/eagle3-spool"] == (
+        12e9,
+        "/dev/shm holds 8.0 GB, the streamed states' spool in /dev/shm/eagle3-spool keeps up to 12.0 GB there "
+        "(train.stream_buffer_gb 12): give it 12 GB (docker run --shm-size 12g) or lower train.stream_buffer_gb, or "
+        "put train.stream_dir on a disk",
+    )
 
 
 @pytest.mark.parametrize(

@@ -70,3 +70,54 @@ def test_resume_from_one_process_into_two_and_back(single, tmp_path):
     close(one["losses"][2:], two["losses"])
     back = resume(tmp_path / "into-two", 4, tmp_path / "back", 1)
     close(one["losses"][4:], back["losses"])
+
+
+def _wait_while_rank_0_writes(rank: int, store: str, how: str, outcome: str) -> None:
+    """Two gloo processes whose collectives time out after 2 s; rank 0 "writes" for 5 s, then both meet `how`."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from eagle3.training import distributed
+
+    distributed.COLLECTIVE_TIMEOUT = timedelta(seconds=2)
+    distributed.SLOWEST_WRITE_BYTES_PER_S = 1e6
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=distributed.COLLECTIVE_TIMEOUT
+    )
+    world = distributed.Dist(rank, 2)
+    try:
+        if rank == 0:
+            time.sleep(5)
+        # 10 MB at the slowest rate: the wait may take 10 s on top of the collectives' 2.
+        world.wait_for_writer(10_000_000) if how == "writer" else world.barrier()
+        result = "met"
+    except RuntimeError as exc:
+        result = f"failed: {str(exc).splitlines()[0]}"
+    Path(f"{outcome}-{rank}").write_text(result)
+
+
+@pytest.mark.parametrize("how", ["writer", "barrier"])
+def test_processes_wait_for_a_checkpoint_written_longer_than_the_collective_timeout(tmp_path, how):
+    import torch.multiprocessing as mp
+
+    outcome = tmp_path / "outcome"
+    context = mp.spawn(
+        _wait_while_rank_0_writes, args=(str(tmp_path / "store"), how, str(outcome)), nprocs=2, join=False
+    )
+    context.join(timeout=60)
+    rank_1 = Path(f"{outcome}-1").read_text()
+    if how == "writer":
+        assert rank_1 == "met" and Path(f"{outcome}-0").read_text() == "met"
+    else:
+        # What a plain barrier after the write does: rank 1 gives up while rank 0 is still writing.
+        assert rank_1.startswith("failed"), rank_1
+
+
+def test_the_wait_for_a_writer_grows_with_the_bytes_written():
+    from eagle3.training.distributed import COLLECTIVE_TIMEOUT, write_timeout
+
+    # A Kimi-K2.5 draft's checkpoint (~14 GB) on a 20 MB/s volume: beyond torch's 10 minutes on its own.
+    assert write_timeout(14 * 10**9).total_seconds() == COLLECTIVE_TIMEOUT.total_seconds() + 700
+    assert write_timeout(0) == COLLECTIVE_TIMEOUT

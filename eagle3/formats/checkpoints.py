@@ -87,6 +87,12 @@ def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return value.to(param.device, copy=True)
 
 
+def checkpoint_bytes(draft: Eagle3Draft, optimizer: torch.optim.Optimizer) -> int:
+    """What save_checkpoint writes for them, the same on every process (a sharded tensor counts whole)."""
+    states = (v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in (*draft.state_dict().values(), *states))
+
+
 def save_checkpoint(
     out: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer, state: dict[str, Any], keep: int, write=True
 ) -> Path:
@@ -102,8 +108,7 @@ def save_checkpoint(
                 tensors[f"{names[id(param)]}::{key}"] = value.reshape(-1) if value.dim() == 0 else value
     if not write:
         return final
-    needed = sum(v.nbytes for v in (*model.values(), *tensors.values()))
-    with atomic_path(final) as partial, space_for(final, needed):
+    with atomic_path(final) as partial, space_for(final, checkpoint_bytes(draft, optimizer)):
         partial.mkdir()
         save_file({k: v.contiguous() for k, v in model.items()}, str(partial / MODEL))
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial / OPTIMIZER))

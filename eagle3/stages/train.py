@@ -27,7 +27,7 @@ import torch
 
 from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
-from eagle3.formats.checkpoints import latest_checkpoint, load_checkpoint, read_state, save_checkpoint
+from eagle3.formats.checkpoints import checkpoint_bytes, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from eagle3.formats.hf_config import read_config
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import Provenance, read_provenance, verifier_dir
@@ -261,7 +261,7 @@ def _fit(
                 )
                 if world.main:
                     log.made(saved.name)
-                world.barrier()
+                world.wait_for_writer(checkpoint_bytes(draft, optimizer))
             bar.advance(task)
             # Not held while the next batch is awaited: a verifier waking between phases gets the GPU memory back.
             del micro, loaded, result

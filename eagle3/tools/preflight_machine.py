@@ -7,7 +7,7 @@ import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from eagle3.tools.dvc_config import dvc_cache_dir, nearest_existing
 from eagle3.tools.preflight_items import GB, Context, Fix, Item
@@ -269,40 +269,73 @@ SHARED_MEMORY = Path("/dev/shm")
 
 
 def shared_memory_problem(context: Context, item: Item, workers: int) -> str | None:
-    """What the DataLoader workers of this machine's training processes may hold in /dev/shm at once, against its
-    size (a container's default is 64 MB; the workers then die with a bus error hours into the run); the problem
-    in one line, or None. Figures in `item` (the data path's)."""
+    """What this machine's training may hold in /dev/shm at once (stored states: the batches its DataLoader workers
+    hand over; streamed: the spool, where train.stream_dir is there) against its size (a container's default is
+    64 MB; the workers then die with a bus error hours into the run); the problem in one line, or None. Figures
+    in `item` (the data path's)."""
+    train = context.params.train
+    size = shutil.disk_usage(SHARED_MEMORY).total if SHARED_MEMORY.is_dir() else None
+    item.figures["shared_memory_bytes"] = size
+    item.how["shared_memory_bytes"] = f"shutil.disk_usage({SHARED_MEMORY})"
+    needed = _spool_in_memory(context) if train.hidden_states == "streamed" else _loader_hand_over(context, workers)
+    item.figures["shared_memory_needed_bytes"] = None if needed is None else needed.bytes
+    if needed is None or size is None:
+        return None
+    item.how["shared_memory_needed_bytes"] = f"{needed.who}: {needed.figures}"
+    if size >= needed.bytes:
+        return None
+    give = math.ceil(needed.bytes / GB)
+    return (
+        f"{SHARED_MEMORY} holds {size / GB:,.1f} GB, {needed.who} up to {needed.bytes / GB:,.1f} GB there "
+        f"({needed.figures}): give it {give} GB (docker run --shm-size {give}g) or {needed.fix}"
+    )
+
+
+class SharedMemoryNeed(NamedTuple):
+    bytes: int
+    who: str  # what holds them, as the subject of "... up to N GB there"
+    figures: str  # how they add up
+    fix: str  # the setting that lowers them
+
+
+def _loader_hand_over(context: Context, workers: int) -> SharedMemoryNeed | None:
+    """Stored states: what the DataLoader workers of this machine's training processes may hold in /dev/shm."""
     import torch
 
     from eagle3.training.data import PREFETCH_BATCHES, loader_shared_memory, tokens_per_process
 
     train, extract = context.params.train, context.params.extract
+    hidden = getattr(context.provenance, "hidden_size", None)
+    if workers == 0 or hidden is None:
+        return None
     per_node = train.launch.processes_per_node
     processes = per_node if isinstance(per_node, int) else max(torch.cuda.device_count(), 1)
-    hidden = getattr(context.provenance, "hidden_size", None)
-    size = shutil.disk_usage(SHARED_MEMORY).total if SHARED_MEMORY.is_dir() else None
-    item.figures["shared_memory_bytes"] = size
-    item.how["shared_memory_bytes"] = f"shutil.disk_usage({SHARED_MEMORY})"
-    if train.hidden_states != "stored" or workers == 0 or hidden is None or size is None:
-        item.figures["shared_memory_needed_bytes"] = None
-        return None
     layers = len(extract.aux_layer_ids or [None] * 3) + 1
     tokens = tokens_per_process(
         train.max_tokens_per_batch, train.batch_size, processes * train.launch.nodes, extract.max_seq_len
     )
-    need = processes * loader_shared_memory(tokens, layers, hidden, workers)
-    item.figures["shared_memory_needed_bytes"] = need
-    item.how["shared_memory_needed_bytes"] = (
-        f"{processes} training process(es) x {workers} loader worker(s) x {PREFETCH_BATCHES} batches of {tokens:,} "
-        f"tokens x {layers} layers x {hidden} x 2 bytes"
+    return SharedMemoryNeed(
+        processes * loader_shared_memory(tokens, layers, hidden, workers),
+        f"the DataLoader workers of {processes} training process(es) hand over",
+        f"{workers} worker(s) x {PREFETCH_BATCHES} batches of {tokens:,} tokens each, {layers} layers x {hidden} "
+        "values x 2 bytes a token",
+        "lower train.num_workers",
     )
-    if size >= need:
+
+
+def _spool_in_memory(context: Context) -> SharedMemoryNeed | None:
+    """Streamed states: what the spool holds in /dev/shm where train.stream_dir is there; None elsewhere."""
+    from eagle3.training.streamed import spool_dir
+
+    train = context.params.train
+    spool = spool_dir(context.root, train).resolve()
+    if not spool.is_relative_to(SHARED_MEMORY.resolve()):
         return None
-    return (
-        f"{SHARED_MEMORY} holds {size / GB:,.1f} GB, the DataLoader workers of {processes} training process(es) hand "
-        f"over up to {need / GB:,.1f} GB there ({workers} worker(s) x {PREFETCH_BATCHES} batches of {tokens:,} tokens "
-        f"each): give it {math.ceil(need / GB)} GB (docker run --shm-size {math.ceil(need / GB)}g) or lower "
-        "train.num_workers"
+    return SharedMemoryNeed(
+        round(train.stream_buffer_gb * GB),
+        f"the streamed states' spool in {spool} keeps",
+        f"train.stream_buffer_gb {train.stream_buffer_gb:g}",
+        "lower train.stream_buffer_gb, or put train.stream_dir on a disk",
     )
 
 

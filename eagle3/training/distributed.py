@@ -15,10 +15,24 @@ the objective's loss scaling expects; checkpoints gather the slices (eagle3/form
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+# How long a process waits in a collective before the run is aborted: torch's default, kept for every collective
+# of a step, where waiting longer only hides a dead peer.
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+# The slowest storage a checkpoint is expected to go to (a throttled network volume): while rank 0 writes, the
+# others wait that long for each byte on top of COLLECTIVE_TIMEOUT (a Kimi-K2.5 draft's checkpoint is ~14 GB).
+SLOWEST_WRITE_BYTES_PER_S = 20e6
+
+
+def write_timeout(nbytes: int) -> timedelta:
+    """How long the other processes wait for rank 0 to write `nbytes`."""
+    return COLLECTIVE_TIMEOUT + timedelta(seconds=nbytes / SLOWEST_WRITE_BYTES_PER_S)
 
 
 @dataclass
@@ -29,6 +43,9 @@ class Dist:
     device: torch.device = torch.device("cpu")
     # Processes on this machine (torchrun's LOCAL_WORLD_SIZE): they share its cores and GPUs.
     local_size: int = 1
+    # The group the processes wait in while rank 0 writes, and the bytes its timeout was sized for.
+    _writer_wait: Any = None
+    _writer_bytes: int = 0
 
     @property
     def main(self) -> bool:
@@ -37,6 +54,18 @@ class Dist:
     def barrier(self) -> None:
         if self.size > 1:
             dist.barrier()
+
+    def wait_for_writer(self, nbytes: int) -> None:
+        """Every process calls it after rank 0 started writing `nbytes` (a checkpoint): they meet once it is done.
+        Not in a collective of the training's group, whose timeout (and NCCL's watchdog) would abort a run on slow
+        storage, but in a CPU group whose timeout is sized for the write."""
+        if self.size == 1:
+            return
+        if nbytes > self._writer_bytes:
+            # A collective itself: every process asks with the same bytes (the whole checkpoint's), so all create it.
+            self._writer_wait = dist.new_group(backend="gloo", timeout=write_timeout(nbytes))
+            self._writer_bytes = nbytes
+        dist.barrier(group=self._writer_wait)
 
     def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
@@ -56,9 +85,9 @@ def setup_distributed() -> Dist:
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=COLLECTIVE_TIMEOUT)
         return Dist(rank, size, torch.device("cuda", local), local_size)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT)
     return Dist(rank, size, torch.device("cpu"), local_size)
 
 
