@@ -27,12 +27,12 @@ def test_gpu_check_runs_offline_to_its_summary_without_a_gpu(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    names = ["kernels", "extraction", "proposals", "training memory", "preflight"]
+    names = ["kernels", "extraction", "proposals", "training memory", "evaluate engine", "preflight"]
     assert [line.split(": ")[1] for line in lines[:-1]] == names
-    for line in lines[:4]:
+    for line in lines[:5]:
         assert ": needs CUDA (0 s): " in line, line
-    assert ": preflight: passed (" in lines[4]
-    assert lines[-1] == "gpu-check on no CUDA device: 5 of 5 steps without failure"
+    assert ": preflight: passed (" in lines[5]
+    assert lines[-1] == "gpu-check on no CUDA device: 6 of 6 steps without failure"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["failed"] == [] and [s["result"] for s in summary["steps"]][-1] == "passed"
     # The limits add up to the 9 minutes the runbook and the plan give the command.

@@ -47,6 +47,23 @@ def measured_dtype(config: EvaluateParams) -> str:
     return resolve(config.vllm.dtype, engine_device_type())
 
 
+def evaluate_engine(config: EvaluateParams, model_dir: Path, trust_remote_code: bool) -> Engine:
+    """The engine evaluate starts for each configuration, for the verifier in `model_dir`, on this machine."""
+    mla = mla_in_vllm(model_dir)
+    return Engine(
+        verifier=str(model_dir),
+        max_model_len=config.vllm.max_model_len,
+        cpu_kvcache_space_gib=config.vllm.cpu_kvcache_space_gib,
+        gpu_memory_utilization=config.vllm.gpu_memory_utilization,
+        enforce_eager=config.vllm.enforce_eager,
+        tensor_parallel_size=config.vllm.tensor_parallel_size,
+        dtype=measured_dtype(config),
+        trust_remote_code=trust_remote_code,
+        seed=config.seed,
+        disable_mla=bool(mla and mla["disabled"]),
+    )
+
+
 class EngineMeasurer:
     """Each configuration in a fresh in-process vLLM engine (eagle3/engines/speculative.py)."""
 
@@ -54,18 +71,7 @@ class EngineMeasurer:
         self.config, self.draft_dir = config, root / DRAFT_DIR
         model_dir = verifier_dir(root)
         self.mla = mla_in_vllm(model_dir)
-        self.engine = Engine(
-            verifier=str(model_dir),
-            max_model_len=config.vllm.max_model_len,
-            cpu_kvcache_space_gib=config.vllm.cpu_kvcache_space_gib,
-            gpu_memory_utilization=config.vllm.gpu_memory_utilization,
-            enforce_eager=config.vllm.enforce_eager,
-            tensor_parallel_size=config.vllm.tensor_parallel_size,
-            dtype=measured_dtype(config),
-            trust_remote_code=provenance.trust_remote_code,
-            seed=config.seed,
-            disable_mla=bool(self.mla and self.mla["disabled"]),
-        )
+        self.engine = evaluate_engine(config, model_dir, provenance.trust_remote_code)
 
     def where(self, method: str, k: int | None) -> str:
         return " (VLLM_MLA_DISABLE=1)" if self.engine.disable_mla else ""

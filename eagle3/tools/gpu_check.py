@@ -78,11 +78,18 @@ def steps(out: Path = OUT) -> list[Step]:
             60,
         ),
         Step(
+            "evaluate engine",
+            "the evaluate stage's vLLM engine with an exported draft at k=3 behind the Kimi-shaped miniature, MLA on "
+            "(bf16, Model Runner V2): it drafts three tokens per step and answers as the verifier alone does",
+            [_pytest("tests/test_evaluate_child.py")],
+            90,
+        ),
+        Step(
             "preflight",
             "the verifier stage and `eagle3 preflight` on the smoke params (CPU or GPU): engines start, extraction "
             "and training rates, disk",
             [[*cli, "verifier"], [*cli, "preflight"]],
-            240,
+            150,
             needs_cuda=False,
             cwd=project,
         ),

