@@ -27,7 +27,8 @@ from eagle3.precision import cpu_numerics, engine_device_type, resolve
 from eagle3.stages.train import build
 from eagle3.training.data import BatchPlan, Collate
 from eagle3.training.distributed import Dist
-from eagle3.training.objective import init_draft, make_objective, make_optimizer
+from eagle3.training.objective import init_draft, make_objective
+from eagle3.training.optimizers import make_optimizer
 
 from training_loop import timed_steps
 

@@ -21,7 +21,8 @@ from eagle3.params.train import RECOMPUTE, TrainParams
 from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
 from eagle3.training.distributed import Dist
 from eagle3.training.memory import Estimator, GiB, draft_config_for, make_objective_for, sample_batch
-from eagle3.training.objective import make_optimizer, train_step
+from eagle3.training.objective import train_step
+from eagle3.training.optimizers import make_optimizer
 
 ROWS = ["2048x7", "4096x7", "8192x7", "16384x1", "16384x3", "16384x7"]
 

@@ -1,7 +1,7 @@
 """Steps of a tiny draft as the train stage runs them, in one process or under torchrun (tests/test_sharding.py):
-`python sharded_training.py SHARDING STEPS DIR` resumes from the newest checkpoint in DIR if there is one, saves
-one after every step, and has rank 0 write DIR/result-<start>.json (the global loss of each step, the rows of
-each parameter this process holds, whether AdamW is the fused one)."""
+`python sharded_training.py SHARDING STEPS DIR [OPTIMIZER]` resumes from the newest checkpoint in DIR if there is
+one, saves one after every step, and has rank 0 write DIR/result-<start>.json (the global loss of each step, the
+rows of each parameter this process holds, whether AdamW is the fused one). OPTIMIZER: train.optimizer (adamw)."""
 
 import json
 import sys
@@ -13,7 +13,8 @@ from eagle3.formats.checkpoints import checkpoint_bytes, latest_checkpoint, load
 from eagle3.params.train import TrainParams
 from eagle3.training.distributed import distribute, setup_distributed
 from eagle3.training.memory import draft_config_for, make_objective_for
-from eagle3.training.objective import make_optimizer, train_step
+from eagle3.training.objective import train_step
+from eagle3.training.optimizers import make_optimizer
 
 # Wide enough that summing a gradient's squares whole or in two slices rounds differently in fp32.
 VERIFIER = {
@@ -43,12 +44,13 @@ def global_batch(step: int) -> dict[str, torch.Tensor]:
 
 def main() -> None:
     sharding, steps, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    optimizer_name = sys.argv[4] if len(sys.argv) > 4 else "adamw"
     world = setup_distributed()
     torch.manual_seed(0)  # the same initial draft on every process, as the train stage's init_draft makes it
     objective = make_objective_for(draft_config_for(VERIFIER, 500), 3, "off", "float32")
     draft = objective.draft
     model = distribute(objective, world, sharding)
-    optimizer = make_optimizer(draft, TrainParams(learning_rate=3e-3))
+    optimizer = make_optimizer(draft, TrainParams(learning_rate=3e-3, optimizer=optimizer_name))
     checkpoint = latest_checkpoint(out)
     start = load_checkpoint(checkpoint, draft, optimizer).step if checkpoint else 0
     losses = []
@@ -65,7 +67,8 @@ def main() -> None:
             name: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)
             for name, p in draft.named_parameters()
         }
-        result = {"losses": losses, "rows": rows, "fused": optimizer.defaults["fused"], "processes": world.size}
+        fused = optimizer.optimizers[-1].defaults["fused"]  # AdamW's
+        result = {"losses": losses, "rows": rows, "fused": fused, "processes": world.size}
         (out / f"result-{start}.json").write_text(json.dumps(result))
     world.close()
 

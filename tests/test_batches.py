@@ -8,7 +8,8 @@ from test_draft import tiny_draft
 from eagle3.params.train import TrainParams
 from eagle3.training.data import BatchPlan, Collate, micro_batches_by_step
 from eagle3.training.distributed import Dist
-from eagle3.training.objective import Objective, make_optimizer, train_step
+from eagle3.training.objective import Objective, train_step
+from eagle3.training.optimizers import make_optimizer
 
 
 def lengths(count: int = 300, seed: int = 0) -> torch.Tensor:

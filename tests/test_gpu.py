@@ -17,7 +17,8 @@ from eagle3.modeling.reference_attention import reference_ttt_attention
 from eagle3.params.train import TrainParams
 from eagle3.training.distributed import Dist
 from eagle3.training.memory import make_objective_for, sample_batch
-from eagle3.training.objective import make_optimizer, train_step
+from eagle3.training.objective import train_step
+from eagle3.training.optimizers import make_optimizer
 
 pytestmark = [
     pytest.mark.gpu,

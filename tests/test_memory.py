@@ -14,7 +14,8 @@ from eagle3.training.memory import (
     make_objective_for,
     sample_batch,
 )
-from eagle3.training.objective import make_optimizer, train_step
+from eagle3.training.objective import train_step
+from eagle3.training.optimizers import make_optimizer
 
 SMALL = {
     "hidden_size": 64,

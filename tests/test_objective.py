@@ -267,7 +267,8 @@ def test_freeze_lm_head_and_adam_beta2_reach_the_optimizer():
 
     from eagle3.modeling.draft import DraftConfig
     from eagle3.params.train import TrainParams
-    from eagle3.training.objective import init_draft, make_optimizer
+    from eagle3.training.objective import init_draft
+    from eagle3.training.optimizers import make_optimizer
 
     config = DraftConfig.from_verifier(VERIFIER, (2, 6, 9), draft_vocab_size=40)
     verifier = {"lm_head": torch.randn(100, 32)}

@@ -16,11 +16,12 @@ WORKER = Path(__file__).with_name("sharded_training.py")
 STEPS = 6
 
 
-def run(directory: Path, processes: int, sharding: str = "fsdp") -> dict:
+def run(directory: Path, processes: int, sharding: str = "fsdp", optimizer: str = "adamw") -> dict:
     directory.mkdir(exist_ok=True)
     before = {p.name for p in directory.glob("result-*.json")}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
-    command = (launcher if processes > 1 else [sys.executable]) + [str(WORKER), sharding, str(STEPS), str(directory)]
+    arguments = [str(WORKER), sharding, str(STEPS), str(directory), optimizer]
+    command = (launcher if processes > 1 else [sys.executable]) + arguments
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=WORKER.parent)
     assert result.returncode == 0, result.stderr[-3000:]
     (new,) = {p.name for p in directory.glob("result-*.json")} - before
@@ -57,11 +58,11 @@ def test_two_fsdp_processes_hold_half_of_each_parameter_and_train_the_same_model
         assert two["rows"][name] == [-(-rows[0] // 2), *rows[1:]], name
 
 
-def resume(source: Path, step: int, directory: Path, processes: int) -> dict:
+def resume(source: Path, step: int, directory: Path, processes: int, optimizer: str = "adamw") -> dict:
     """`processes` continuing from `source`'s checkpoint after `step` (the only one in `directory`)."""
     directory.mkdir()
     shutil.copytree(source / f"step-{step:07d}", directory / f"step-{step:07d}")
-    return run(directory, processes)
+    return run(directory, processes, "ddp" if optimizer == "muon" else "fsdp", optimizer)
 
 
 def test_resume_from_one_process_into_two_and_back(single, tmp_path):
@@ -70,6 +71,22 @@ def test_resume_from_one_process_into_two_and_back(single, tmp_path):
     close(one["losses"][2:], two["losses"])
     back = resume(tmp_path / "into-two", 4, tmp_path / "back", 1)
     close(one["losses"][4:], back["losses"])
+
+
+def test_muon_trains_the_same_model_in_one_process_and_two_and_resumes_exactly(single, tmp_path):
+    one = run(tmp_path / "one", 1, "ddp", "muon")
+    assert one["losses"] != single[1]["losses"]  # another optimizer, another model (the first step's loss aside)
+    close(one["losses"], run(tmp_path / "two", 2, "ddp", "muon")["losses"])
+    resumed = resume(tmp_path / "one", 3, tmp_path / "resumed", 1, "muon")
+    assert resumed["losses"] == one["losses"][3:]
+    final = f"step-{STEPS:07d}"
+    for file in ("model.safetensors", "optimizer.safetensors"):
+        kept, again = load_file(tmp_path / "one" / final / file), load_file(tmp_path / "resumed" / final / file)
+        assert kept.keys() == again.keys() and all(torch.equal(kept[k], again[k]) for k in kept), file
+    state = load_file(tmp_path / "one" / final / "optimizer.safetensors")
+    # Muon's momentum for the matrices, AdamW's moments for the head and the norms.
+    assert {"fc.weight::momentum_buffer", "lm_head.weight::exp_avg", "norm.weight::exp_avg_sq"} <= set(state)
+    assert not any(k.startswith(("fc.weight::exp", "lm_head.weight::momentum")) for k in state)
 
 
 def _wait_while_rank_0_writes(rank: int, store: str, how: str, outcome: str) -> None:

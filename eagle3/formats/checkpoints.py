@@ -3,7 +3,8 @@
     run.json                    the run key and settings the checkpoints were made with (eagle3/resume.py)
     step-NNNNNNN/               one per saved step, the newest `keep_checkpoints` kept
         model.safetensors       the draft's state_dict (fp32; `aux_scale` included, vLLM names)
-        optimizer.safetensors   AdamW's state, one tensor per "<parameter name>::<state key>" (step as [1])
+        optimizer.safetensors   the optimizer's state (eagle3/training/optimizers.py), one tensor per
+                                "<parameter name>::<state key>" (AdamW's step as [1])
         state.json              {step, total_steps, run_key, draft_config}
 
 A checkpoint directory is written as `.step-NNNNNNN.partial` and renamed once complete, so one with the final
@@ -15,13 +16,13 @@ weights as an uninterrupted run.
 
 Read back as untrusted (checkpoints travel through remotes): state.json is validated field by field, and every
 tensor's name, shape and dtype must be the draft's (for export, the draft its draft_config describes, sized on
-the meta device before anything is allocated) or its AdamW state's, checked before the tensors are loaded.
+the meta device before anything is allocated) or its optimizer state's, checked before the tensors are loaded.
 """
 
 import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -33,11 +34,12 @@ from eagle3.files import atomic_path, space_for, write_json
 from eagle3.formats.tensor_files import matching_tensors
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 
+if TYPE_CHECKING:
+    from eagle3.training.optimizers import DraftOptimizer
+
 STATE = "state.json"
 MODEL = "model.safetensors"
 OPTIMIZER = "optimizer.safetensors"
-# AdamW's per-parameter state: the step count (a float32 scalar, saved as [1]) and the two moments.
-_ADAMW_STATE = ("step", "exp_avg", "exp_avg_sq")
 _SIZES = (
     "hidden_size",
     "num_attention_heads",
@@ -87,14 +89,14 @@ def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return value.to(param.device, copy=True)
 
 
-def checkpoint_bytes(draft: Eagle3Draft, optimizer: torch.optim.Optimizer) -> int:
+def checkpoint_bytes(draft: Eagle3Draft, optimizer: "DraftOptimizer") -> int:
     """What save_checkpoint writes for them, the same on every process (a sharded tensor counts whole)."""
     states = (v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
     return sum(t.numel() * t.element_size() for t in (*draft.state_dict().values(), *states))
 
 
 def save_checkpoint(
-    out: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer, state: dict[str, Any], keep: int, write=True
+    out: Path, draft: Eagle3Draft, optimizer: "DraftOptimizer", state: dict[str, Any], keep: int, write=True
 ) -> Path:
     """Every process calls it (sharded tensors are gathered); only where `write` is it written."""
     final = out / f"step-{state['step']:07d}"
@@ -150,8 +152,8 @@ def _shapes(module: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.d
     return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in module.state_dict().items()}
 
 
-def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer | None) -> CheckpointState:
-    """Weights into `draft` and AdamW state into `optimizer`, on the device the draft is on now (sliced as its
+def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: "DraftOptimizer | None") -> CheckpointState:
+    """Weights into `draft` and the optimizer's state into `optimizer`, on the device the draft is on now (sliced as its
     parameters are under fsdp: every process calls it)."""
     state = read_state(path)
     # A switch without tensors of its own (norm_output, norm_before_residual) would otherwise load silently.
@@ -165,12 +167,12 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optim
     tensors = matching_tensors(path / MODEL, _shapes(draft), _fix(path))
     draft.load_state_dict({name: _like(value, current[name]) for name, value in tensors.items()})
     if optimizer is not None:
-        params = dict(draft.named_parameters())
+        params = {name: p for name, p in draft.named_parameters() if optimizer.owns(p)}
         # Whichever parameters have state (a parameter that never had a gradient has none).
         expected = {
             f"{name}::{field}": ((1,), torch.float32) if field == "step" else (tuple(p.shape), p.dtype)
             for name, p in params.items()
-            for field in _ADAMW_STATE
+            for field in optimizer.state_fields(p)
         }
         for key, value in matching_tensors(path / OPTIMIZER, expected, _fix(path), every=False).items():
             name, field = key.split("::")

@@ -111,6 +111,12 @@ class TrainParams(Section):
     weight_decay: float = Field(0.0, ge=0)
     # AdamW's second-moment decay (its first is 0.9); speculators trains with 0.999.
     adam_beta2: float = Field(0.95, gt=0, lt=1)
+    # adamw: AdamW on every trained parameter. muon: torch.optim.Muon on the hidden matrices (fc, the decoder
+    # layer's projections; its step scaled to AdamW's size, so learning_rate keeps its meaning) and AdamW on the
+    # norms and the output head (eagle3/training/optimizers.py). muon needs whole matrices: not with sharding fsdp.
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    # muon: the decoupled weight decay of the matrices Muon updates (weight_decay stays AdamW's).
+    muon_weight_decay: float = Field(0.1, ge=0)
     # The draft's output head stays at the verifier's rows of the draft vocabulary, as speculators trains it;
     # false: it starts there and is trained.
     freeze_lm_head: bool = False
@@ -161,5 +167,10 @@ class TrainParams(Section):
         if self.min_learning_rate > self.learning_rate:
             raise ValueError(
                 f"min_learning_rate {self.min_learning_rate} must be <= learning_rate {self.learning_rate}"
+            )
+        if self.optimizer == "muon" and self.sharding == "fsdp":
+            raise ValueError(
+                "optimizer: muon orthogonalises whole matrices, which fsdp splits over the processes; use sharding "
+                "ddp with muon, or optimizer adamw with fsdp"
             )
         return self

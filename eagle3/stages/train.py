@@ -57,10 +57,10 @@ from eagle3.training.objective import (
     init_draft,
     learning_rate,
     make_objective,
-    make_optimizer,
     train_step,
     training_precision,
 )
+from eagle3.training.optimizers import make_optimizer
 from eagle3.training.streamed import StreamedData
 
 # Runs on the GPUs where there are any: refused where nvidia-smi lists GPUs that torch cannot see (eagle3/runner.py).

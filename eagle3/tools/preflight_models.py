@@ -120,7 +120,8 @@ def _steps(context: Context, config, tokens: int, recompute: str, precision: str
 
     from eagle3.training.distributed import Dist
     from eagle3.training.memory import PeakBytes, make_objective_for, sample_batch
-    from eagle3.training.objective import make_optimizer, train_step
+    from eagle3.training.objective import train_step
+    from eagle3.training.optimizers import make_optimizer
 
     params = context.params.train
     objective = make_objective_for(config, params.ttt_steps, recompute, precision).to(device)

@@ -39,7 +39,8 @@ from eagle3.formats.provenance import default_aux_layer_ids
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.params.train import DraftLayout, TrainParams
 from eagle3.training.distributed import Dist
-from eagle3.training.objective import Objective, make_optimizer, train_step
+from eagle3.training.objective import Objective, train_step
+from eagle3.training.optimizers import make_optimizer
 
 GiB = 1 << 30
 

@@ -163,18 +163,6 @@ def make_objective(
     )
 
 
-def make_optimizer(draft: nn.Module, config: TrainParams) -> torch.optim.Optimizer:
-    # The fused kernel is faster than the per-parameter loop (benchmarks/train_step.py measures both); it exists
-    # for CPU and CUDA and is as deterministic, so resume stays exact.
-    return torch.optim.AdamW(
-        [p for p in draft.parameters() if p.requires_grad],
-        lr=config.learning_rate,
-        betas=(0.9, config.adam_beta2),
-        weight_decay=config.weight_decay,
-        fused=True,
-    )
-
-
 def learning_rate(config: TrainParams, step_index: int, total: int) -> float:
     """Linear warmup, then cosine from learning_rate down to min_learning_rate at the last step."""
     if step_index < config.warmup_steps:
