@@ -23,23 +23,13 @@ length; training tokens/s.
 
 import argparse
 import json
-import statistics
 import tempfile
 from pathlib import Path
 
 import yaml
-from scratch_project import link, run_stage
+from scratch_project import evaluate, evaluate_at_k, link, measure, run_stage, summary
 
-from eagle3.paths import (
-    BENCHMARKS_DIR,
-    EVAL_METRICS,
-    HIDDEN_DIR,
-    PREPARED_DIR,
-    SYNTHETIC_DIR,
-    TRAIN_LOG_DIR,
-    VERIFIER_DIR,
-    VOCAB_DIR,
-)
+from eagle3.paths import BENCHMARKS_DIR, HIDDEN_DIR, PREPARED_DIR, SYNTHETIC_DIR, VERIFIER_DIR, VOCAB_DIR
 
 LINKED = (VERIFIER_DIR, PREPARED_DIR, BENCHMARKS_DIR, SYNTHETIC_DIR, HIDDEN_DIR, VOCAB_DIR)
 LAYOUTS = {
@@ -50,7 +40,6 @@ LAYOUTS = {
 # Recipe differences from speculators' trainer, tried on a layout: its output head frozen at the verifier's rows,
 # its AdamW beta2.
 RECIPES = {"default": {}, "frozen-head": {"freeze_lm_head": True}, "beta2-0.999": {"adam_beta2": 0.999}}
-K = 3
 
 
 def arm(root: Path, base: dict, layout: str, recipe: str, seed: int, scratch: Path) -> dict:
@@ -59,80 +48,12 @@ def arm(root: Path, base: dict, layout: str, recipe: str, seed: int, scratch: Pa
     link(root, work, LINKED)
     params = json.loads(json.dumps(base))
     params["train"] = {**params["train"], **RECIPES[recipe], "seed": seed, "draft_layout": LAYOUTS[layout]}
-    params["evaluate"] = {**params["evaluate"], "methods": ["none", "eagle3"], "num_speculative_tokens": [K]}
-    params["evaluate"]["headline_k"] = K
+    params["evaluate"] = evaluate_at_k(params)
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
     train_s = run_stage(work, "train")
     run_stage(work, "export")
-    run_stage(work, "evaluate")
-    metrics = json.loads((work / EVAL_METRICS).read_text())
-    training = json.loads((work / TRAIN_LOG_DIR / "metrics.json").read_text())
-    runs = {(r["method"], r["temperature"]): r for r in metrics["runs"] if r["method"] == "eagle3"}
-    sampled = next(r for (method, t), r in runs.items() if t > 0)
-    greedy = runs[("eagle3", 0.0)]
-    long_context = next(
-        r for r in metrics["long_context"]["results"] if r["method"] == "eagle3" and r["temperature"] == 0
-    )
-    offline = metrics["offline_estimate"]
-    return {
-        "layout": name,
-        "seed": seed,
-        "heldout": metrics["headline"]["tokens_per_step_greedy"],
-        **{name: entry["tokens_per_step"] for name, entry in metrics["headline"]["benchmarks"].items()},
-        "heldout_sampled": sampled["tokens_per_step"],
-        "long_context": long_context["tokens_per_step"],
-        "lossless": metrics["headline"]["lossless_greedy"],
-        "offline": offline["tokens_per_step"],
-        "offline_top1": offline["top1_agreement_by_position"],
-        "offline_by_context": {
-            f"{b['from_tokens']}-{b['to_tokens']}": (b["mean_acceptance_length"], b["drafts"])
-            for b in offline["acceptance_by_context"]
-        },
-        "vllm_by_context": {
-            f"{b['from_tokens']}-{b['to_tokens']}": (b["tokens_per_step"], b["completions"])
-            for b in greedy["all_sets_by_context"]
-        },
-        "train_tokens_per_s": training["tokens_per_s_this_run"],
-        "train_s": round(train_s, 1),
-    }
-
-
-def _cell(values: list[float]) -> str:
-    mean = statistics.fmean(values)
-    return f"{mean:.4f} (±{(max(values) - min(values)) / 2:.4f})" if len(values) > 1 else f"{mean:.4f}"
-
-
-def summary(results: list[dict]) -> list[str]:
-    """Per layout: the mean over seeds, ± half the seeds' spread; the ratio to the first layout's mean."""
-    layouts = list(dict.fromkeys(r["layout"] for r in results))
-    by_layout = {name: [r for r in results if r["layout"] == name] for name in layouts}
-    tables = {"offline_by_context", "vllm_by_context"}
-    sets = [k for k in results[0] if k not in {"layout", "seed", "lossless", "offline_top1"} | tables]
-    lines = ["layout | seeds | " + " | ".join(sets) + " | offline top-1 by position"]
-    first = by_layout[layouts[0]]
-    for name, arms in by_layout.items():
-        cells = []
-        for key in sets:
-            values = [r[key] for r in arms]
-            baseline = statistics.fmean(r[key] for r in first)
-            cells.append(f"{_cell(values)} x{statistics.fmean(values) / baseline:.3f}")
-        top1 = [statistics.fmean(r["offline_top1"][i] for r in arms) for i in range(K)]
-        lines.append(f"{name} | {len(arms)} | " + " | ".join(cells) + " | " + " / ".join(f"{a:.3f}" for a in top1))
-    for key, what, counted in (
-        ("vllm_by_context", "vLLM tokens per step (k=3 greedy, every set's turns) by prompt tokens", "turns"),
-        ("offline_by_context", "offline mean acceptance length by context tokens", "drafts"),
-    ):
-        lines.append("")
-        buckets = sorted({b for r in results for b in r[key]}, key=lambda b: int(b.split("-")[0]))
-        lines.append(f"layout | {what}: " + " | ".join(buckets))
-        for name, arms in by_layout.items():
-            cells = []
-            for bucket in buckets:
-                values = [r[key][bucket][0] for r in arms if bucket in r[key]]
-                count = sum(r[key].get(bucket, (0, 0))[1] for r in arms)
-                cells.append(f"{_cell(values)} ({count} {counted})" if values else "n/a")
-            lines.append(f"{name} | " + " | ".join(cells))
-    return lines
+    evaluate(work, scratch / "reference")
+    return {"arm": name, "seed": seed, **measure(work, train_s)}
 
 
 def main() -> None:
