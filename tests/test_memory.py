@@ -15,7 +15,7 @@ from eagle3.training.memory import (
     sample_batch,
 )
 from eagle3.training.objective import train_step
-from eagle3.training.optimizers import make_optimizer
+from eagle3.training.optimizers import make_optimizer, muon_matrices
 
 SMALL = {
     "hidden_size": 64,
@@ -77,6 +77,18 @@ def test_recompute_settings_order_and_fsdp_divides_the_persistent_part(small):
     assert single.weights / 8 <= fsdp.weights < single.weights / 8 * 1.1
     assert single.optimizer / 8 <= fsdp.optimizer < single.optimizer / 8 * 1.1
     assert fsdp.gathered == single.weights and fsdp.frozen == single.frozen and fsdp.step == single.step
+
+
+def test_muon_holds_one_state_tensor_per_matrix_and_the_same_step(small):
+    """train.optimizer muon: Muon's momentum for the hidden matrices, AdamW's two moments (and step) for the rest;
+    the step itself allocates what AdamW's does, within its Newton-Schulz temporaries."""
+    muon = Estimator(draft_config_for(SMALL, 300), TTT, optimizer="muon")
+    adamw, muon_step = small.memory(512, "off"), muon.memory(512, "off")
+    draft = muon.objective.draft
+    matrices = [p for name, p in draft.named_parameters() if name in muon_matrices(draft)]
+    # Per matrix: one fp32 moment and AdamW's fp32 step count fewer.
+    assert adamw.optimizer - muon_step.optimizer == sum(p.numel() * 4 + 4 for p in matrices)
+    assert muon_step.weights == adamw.weights and abs(muon_step.step - adamw.step) <= 0.05 * adamw.step
 
 
 def test_longest_within_is_the_longest_length_the_estimate_fits_from_any_start():

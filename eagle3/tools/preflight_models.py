@@ -161,7 +161,7 @@ def measure_training(context: Context, item: Item) -> None:
     config = draft_config(context)
     precision = training_precision(params.train, device)
     tokens, recompute = params.extract.max_seq_len, params.train.activation_checkpointing
-    estimator = Estimator(config, params.train.ttt_steps, precision)
+    estimator = Estimator(config, params.train.ttt_steps, precision, params.train.optimizer)
     steps = {setting: estimator.memory(tokens, setting) for setting in ("off", "mlp", "full")}
     estimates = {setting: step.total for setting, step in steps.items()}
     memory, memory_source = _device_memory(device)

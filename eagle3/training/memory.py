@@ -4,14 +4,16 @@
 graph's included) is alive: on real tensors it is the CPU's missing allocator statistic; on PyTorch's fake tensors
 (`FakeTensorMode`: shapes and dtypes, no data) it is the same count for shapes this machine could never hold.
 
-`Estimator` builds the draft, the objective and fused AdamW as the train stage does (eagle3/training/objective.py)
-on fake tensors, and runs the real `train_step` once, its AdamW state already made as in every step after the
-first. The batch is made here: the loss mask leaves out the first ttt_steps + 1 positions of each sequence, so
-every TTT step counts the same T - ttt_steps - 1 positions per sequence and the one data-dependent op, `nonzero`,
-is answered with that count (`KnownNonzero`). What one process holds at the step's peak (`StepMemory`):
+`Estimator` builds the draft, the objective and the optimizer (train.optimizer) as the train stage does
+(eagle3/training/objective.py, eagle3/training/optimizers.py) on fake tensors, and runs the real `train_step` once,
+the optimizer's state already made as in every step after the first. The batch is made here: the loss mask leaves
+out the first ttt_steps + 1 positions of each sequence, so every TTT step counts the same T - ttt_steps - 1
+positions per sequence and the one data-dependent op, `nonzero`, is answered with that count (`KnownNonzero`).
+What one process holds at the step's peak (`StepMemory`):
 
-    weights, optimizer   the draft's fp32 parameters and AdamW's two moments: replicated under ddp, split over
-                         the processes under fsdp (each holds ceil(rows / processes) rows of every tensor)
+    weights, optimizer   the draft's fp32 parameters and the optimizer's state (AdamW: two moments; muon: one
+                         for the matrices): replicated under ddp, split over the processes under fsdp (each
+                         holds ceil(rows / processes) rows of every tensor)
     gradient_buckets     ddp with several processes: DDP's own copy of the gradients, kept for its all-reduce
     gathered             fsdp with several processes: the parameters gathered whole for the step
     frozen               the verifier's embedding and head rows, and the draft's buffers
@@ -176,15 +178,15 @@ class StepMemory:
 class Estimator:
     """One draft shape on fake tensors, stepped at any length and recompute setting (the module docstring)."""
 
-    def __init__(self, config: DraftConfig, ttt_steps: int, precision: str = "bfloat16"):
+    def __init__(self, config: DraftConfig, ttt_steps: int, precision: str = "bfloat16", optimizer: str = "adamw"):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         self.config, self.ttt_steps, self.precision = config, ttt_steps, precision
         self.fake = FakeTensorMode()
         with self.fake:
             self.objective = make_objective_for(config, ttt_steps, "off", precision)
-            self.optimizer = make_optimizer(self.objective.draft, TrainParams())
-            # AdamW makes its state at its first step; every later step starts with it.
+            self.optimizer = make_optimizer(self.objective.draft, TrainParams(optimizer=optimizer))
+            # The optimizer makes its state at its first step; every later step starts with it.
             for param in self.objective.draft.parameters():
                 param.grad = torch.zeros_like(param)
             self.optimizer.step()
