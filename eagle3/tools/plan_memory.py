@@ -3,7 +3,9 @@ sample that trains there with each train.activation_checkpointing setting.
 
 The figures are eagle3/training/memory.py's estimate (the real training step run on fake tensors: bf16 autocast,
 fused AdamW, batch 1, the draft shaped from the verifier's config) for one of `gpus` processes under
---sharding. It is linear in the sample's length, so two measured lengths give each setting's line:
+--sharding. AdamW's two moments per parameter bound train.optimizer muon's state from above (one per matrix; its
+Newton-Schulz temporaries come after the backward has freed the step's activations), and preflight measures the
+configured optimizer itself. It is linear in the sample's length, so two measured lengths give each setting's line:
 
     memory(T)           = fixed + per_token * T                     (per GPU, each setting)
     longest sample      = floor((memory_gb * 1e9 - fixed) / per_token)
