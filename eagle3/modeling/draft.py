@@ -171,10 +171,6 @@ class DraftConfig:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "aux_layer_ids": list(self.aux_layer_ids)}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "DraftConfig":
-        return cls(**{**data, "aux_layer_ids": tuple(data["aux_layer_ids"])})
-
 
 def _rope(verifier_rope: dict[str, Any], attention: DraftAttention) -> dict[str, Any]:
     """The draft's rope config keys: the verifier's own (verbatim) unless train.attention sets theta or scaling;
