@@ -22,6 +22,8 @@ from eagle3.formats.shards import read_index
 from eagle3.formats.synthetic import read_part, write_part
 from eagle3.formats.vocab import load_vocab, save_vocab
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.params.train import TrainParams
+from eagle3.training.optimizers import make_optimizer
 
 
 def _one_line(caught) -> str:
@@ -175,7 +177,7 @@ def _checkpoint(out, config=CONFIG):
     """A checkpoint of a draft and AdamW after one step (every parameter with its state)."""
     torch.manual_seed(0)
     draft = Eagle3Draft(config)
-    optimizer = torch.optim.AdamW(draft.parameters(), fused=True)
+    optimizer = make_optimizer(draft, TrainParams())
     sum(p.sum() for p in draft.parameters()).backward()
     optimizer.step()
     state = {"step": 3, "total_steps": 3, "run_key": "k" * 64, "draft_config": config.to_json()}
@@ -189,7 +191,7 @@ def test_a_checkpoint_loads_back_as_saved(tmp_path):
     for name, tensor in saved.state_dict().items():
         assert torch.equal(draft.state_dict()[name], tensor), name
     fresh = Eagle3Draft(CONFIG)
-    optimizer = torch.optim.AdamW(fresh.parameters(), fused=True)
+    optimizer = make_optimizer(fresh, TrainParams())
     assert load_checkpoint(path, fresh, optimizer).step == 3
     assert len(optimizer.state) == len(list(fresh.parameters()))
 
@@ -199,7 +201,7 @@ def test_a_checkpoint_of_another_layout_refuses_to_resume(tmp_path):
     pre-norm state back, silently."""
     path, _ = _checkpoint(tmp_path)
     other = Eagle3Draft(dataclasses.replace(CONFIG, norm_output=True))
-    optimizer = torch.optim.AdamW(other.parameters(), fused=True)
+    optimizer = make_optimizer(other, TrainParams())
     with pytest.raises(Eagle3Error, match=r"trained with draft layout no extra norms, not train.draft_layout's "):
         load_checkpoint(path, other, optimizer)
 
@@ -222,7 +224,7 @@ def test_a_resumed_run_maps_no_checkpoint_that_keep_checkpoints_deletes(tmp_path
     mapping of it would hold the deleted file's blocks for the rest of the run: ~9.5 GB at Kimi-K2.5's draft)."""
     path, _ = _checkpoint(tmp_path / "checkpoints")
     fresh = Eagle3Draft(CONFIG)
-    optimizer = torch.optim.AdamW(fresh.parameters(), fused=True)
+    optimizer = make_optimizer(fresh, TrainParams())
     load_checkpoint(path, fresh, optimizer)
     shutil.rmtree(path)
     held = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(tmp_path) in line]
@@ -298,7 +300,7 @@ def test_a_hostile_optimizer_file_is_one_line(tmp_path, name, value, message):
     _replace_tensor(path / OPTIMIZER, name, value)
     draft = Eagle3Draft(CONFIG)
     with pytest.raises(Eagle3Error) as caught:
-        load_checkpoint(path, draft, torch.optim.AdamW(draft.parameters(), fused=True))
+        load_checkpoint(path, draft, make_optimizer(draft, TrainParams()))
     assert _one_line(caught).startswith(f"{path / OPTIMIZER}: {message}"), str(caught.value)
 
 
@@ -491,3 +493,12 @@ def test_a_hostile_hidden_index_is_one_line(tmp_path, change, message):
     with pytest.raises(Eagle3Error) as caught:
         read_index(tmp_path)
     assert _one_line(caught).startswith(f"{path}: {message}"), str(caught.value)
+
+
+def test_a_checkpoint_of_another_optimizer_is_one_line(tmp_path):
+    """An AdamW checkpoint read into a Muon run (their state differs per matrix) is refused before anything loads."""
+    path, _ = _checkpoint(tmp_path)
+    draft = Eagle3Draft(CONFIG)
+    with pytest.raises(Eagle3Error) as caught:
+        load_checkpoint(path, draft, make_optimizer(draft, TrainParams(optimizer="muon")))
+    assert "not the tensors expected (" in _one_line(caught) and "::exp_avg unexpected" in _one_line(caught)

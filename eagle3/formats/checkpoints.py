@@ -21,8 +21,9 @@ the meta device before anything is allocated) or its optimizer state's, checked 
 
 import math
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,8 +35,17 @@ from eagle3.files import atomic_path, space_for, write_json
 from eagle3.formats.tensor_files import matching_tensors
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 
-if TYPE_CHECKING:
-    from eagle3.training.optimizers import DraftOptimizer
+
+class CheckpointedOptimizer(Protocol):
+    """What checkpoints read of the training's optimizer (eagle3/training/optimizers.py's DraftOptimizer)."""
+
+    param_groups: list[dict[str, Any]]
+    state: Mapping
+
+    def owns(self, param: torch.Tensor) -> bool: ...
+
+    def state_fields(self, param: torch.Tensor) -> tuple[str, ...]: ...
+
 
 STATE = "state.json"
 MODEL = "model.safetensors"
@@ -89,14 +99,14 @@ def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return value.to(param.device, copy=True)
 
 
-def checkpoint_bytes(draft: Eagle3Draft, optimizer: "DraftOptimizer") -> int:
+def checkpoint_bytes(draft: Eagle3Draft, optimizer: CheckpointedOptimizer) -> int:
     """What save_checkpoint writes for them, the same on every process (a sharded tensor counts whole)."""
     states = (v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
     return sum(t.numel() * t.element_size() for t in (*draft.state_dict().values(), *states))
 
 
 def save_checkpoint(
-    out: Path, draft: Eagle3Draft, optimizer: "DraftOptimizer", state: dict[str, Any], keep: int, write=True
+    out: Path, draft: Eagle3Draft, optimizer: CheckpointedOptimizer, state: dict[str, Any], keep: int, write=True
 ) -> Path:
     """Every process calls it (sharded tensors are gathered); only where `write` is it written."""
     final = out / f"step-{state['step']:07d}"
@@ -152,7 +162,7 @@ def _shapes(module: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.d
     return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in module.state_dict().items()}
 
 
-def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: "DraftOptimizer | None") -> CheckpointState:
+def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: CheckpointedOptimizer | None) -> CheckpointState:
     """Weights into `draft` and the optimizer's state into `optimizer`, on the device the draft is on now (sliced as its
     parameters are under fsdp: every process calls it)."""
     state = read_state(path)
