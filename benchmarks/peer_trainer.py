@@ -95,8 +95,9 @@ class Peer:
         self.verifier = read_config(root / VERIFIER_DIR)
         self.vocab_size = read_provenance(root).vocab_size
         self.data = scratch / "peer-data"
-        self.d2t, self.t2d, self.lengths = write_peer_data(root, self.data, self.vocab_size)
-        self.draft_vocab = len(load_vocab(root, self.vocab_size)[0])
+        self.vocab = load_vocab(root, self.vocab_size)  # (d2t, t2d)
+        self.d2t_path, self.t2d_path, self.lengths = write_peer_data(root, self.data, *self.vocab)
+        self.draft_vocab = len(self.vocab[0])
         self.layers = [int(i) for i in read_index(root)["layer_ids"][:-1]]
         train = base["train"]
         # This project's optimizer steps: batch_size sequences each (no max_tokens_per_batch in the params used).
@@ -118,7 +119,8 @@ class Peer:
             self.python, "-m", "speculators.train", "--speculator-type", "eagle3",
             "--verifier-name-or-path", str(self.root / VERIFIER_DIR),
             "--data-path", str(self.data), "--hidden-states-path", str(self.data / "hidden_states"),
-            "--d2t-path", str(self.d2t), "--t2d-path", str(self.t2d), "--draft-vocab-size", str(self.draft_vocab),
+            "--d2t-path", str(self.d2t_path), "--t2d-path", str(self.t2d_path),
+            "--draft-vocab-size", str(self.draft_vocab),
             "--target-layer-ids", *map(str, self.layers), "--num-layers", "1",
             "--ttt-steps", str(train["ttt_steps"]), "--epochs", str(train["epochs"]),
             "--lr", str(train["learning_rate"]), "--scheduler-warmup-steps", str(train["warmup_steps"]),
@@ -136,11 +138,9 @@ class Peer:
             raise SystemExit(f"speculators train failed (exit {result.returncode}): {work / 'peer-train.log'}")
         epochs = sorted((p for p in save.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
         draft = import_peer_draft(epochs[-1], self.verifier, tuple(self.layers))
-        d2t, t2d = load_vocab(self.root, self.vocab_size)
         write_drafts(
             draft,
-            d2t,
-            t2d,
+            *self.vocab,
             work / DRAFT_DIR,
             work / SPECULATORS_DRAFT_DIR,
             dtype=base["export"]["dtype"],

@@ -27,7 +27,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3.formats.shards import ShardReader, split_shards
-from eagle3.formats.vocab import load_vocab
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.params.train import DraftLayout
 
@@ -109,7 +108,7 @@ def peer_python(root: Path) -> Path:
     return python
 
 
-def write_peer_data(root: Path, out: Path, vocab_size: int) -> tuple[Path, Path, list[int]]:
+def write_peer_data(root: Path, out: Path, d2t: torch.Tensor, t2d: torch.Tensor) -> tuple[Path, Path, list[int]]:
     """The training split as the peer reads it (module docstring); returns d2t and t2d's paths, and the training
     sequences' lengths."""
     from datasets import Dataset
@@ -138,7 +137,6 @@ def write_peer_data(root: Path, out: Path, vocab_size: int) -> tuple[Path, Path,
     dataset = Dataset.from_dict(rows)
     dataset.set_format(type="torch")
     dataset.save_to_disk(str(out))
-    d2t, t2d = load_vocab(root, vocab_size)
     np.save(out / f"d2t-{len(d2t)}.npy", d2t.numpy())
     np.save(out / f"t2d-{len(d2t)}.npy", t2d.numpy())
     return out / f"d2t-{len(d2t)}.npy", out / f"t2d-{len(d2t)}.npy", rows["seq_len"][:-1]
