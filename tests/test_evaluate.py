@@ -1,14 +1,27 @@
-"""Stage evaluate: held-out prompt selection. The vLLM measurements themselves are checked on the smoke
-pipeline's own evaluate stage (tests/test_pipeline.py: check_evaluation), which runs it anyway."""
+"""Stage evaluate: held-out prompt selection, the chat template's arguments. The vLLM measurements themselves are
+checked on the smoke pipeline's own evaluate stage (tests/test_pipeline.py: check_evaluation), which runs it anyway."""
+
+import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from transformers import AutoTokenizer
 
 from eagle3.chat.evaluation_sets import heldout_prompts
+from eagle3.chat.reasoning import render
+from eagle3.engines.speculative import Engine, Request, Sampling, run
 from eagle3.errors import Eagle3Error
+from eagle3.formats.synthetic import generated_template_kwargs
 from eagle3.params.evaluate import EvaluateParams
 from eagle3.publish.evaluation_plots import write_plots
+
+# Qwen3's switch: with enable_thinking false the generation prompt ends in an empty thinking block.
+QWEN3_STYLE_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
 
 
 def _prepared(root, train_hashes, heldout_hashes):
@@ -274,3 +287,44 @@ def test_plots_leave_unmeasured_sampled_runs_empty_and_show_positions_at_a_k_mea
     positions = (tmp_path / "metrics/eval/acceptance_by_position.csv").read_text().splitlines()
     assert positions == ["position,greedy,sampled", "0,0.5,0.43", "1,0.4,0.33", "2,0.3,0.23"]
     assert (tmp_path / "reports/eval.png").stat().st_size > 0
+
+
+def test_evaluate_asks_with_the_template_arguments_generate_recorded(tmp_path):
+    run_file = tmp_path / "data/synthetic/run.json"
+    run_file.parent.mkdir(parents=True)
+    settings = {"generate": {"chat_template_kwargs": {"enable_thinking": False}, "backend": "vllm"}}
+    run_file.write_text(json.dumps({"key": "k", "settings": settings}))
+    assert generated_template_kwargs(tmp_path) == {"enable_thinking": False}
+    run_file.write_text(json.dumps({"key": "k", "settings": {"generate": {"chat_template_kwargs": ["x"]}}}))
+    with pytest.raises(Eagle3Error, match=r"run.json: settings.generate.chat_template_kwargs: .*dvc repro generate"):
+        generated_template_kwargs(tmp_path)
+    run_file.write_text(json.dumps({"key": "k"}))
+    with pytest.raises(Eagle3Error, match=r"run.json: no settings.generate.chat_template_kwargs"):
+        generated_template_kwargs(tmp_path)
+    run_file.unlink()
+    with pytest.raises(Eagle3Error, match=r"run.json: missing; run `dvc repro generate`"):
+        generated_template_kwargs(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_qwen3_style_thinking_switch_reaches_the_engines_prompts(verifier_project, tmp_path):
+    """evaluate's engine renders every prompt with generate's chat_template_kwargs: the prompt vLLM ran is the
+    switched one, token for token."""
+    model = tmp_path / "verifier"
+    model.mkdir()
+    for path in (verifier_project / "models/verifier").iterdir():
+        if path.name != "chat_template.jinja":
+            (model / path.name).symlink_to(path)
+    (model / "chat_template.jinja").write_text(QWEN3_STYLE_TEMPLATE)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = [[{"role": "user", "content": "Name a prime number."}]]
+    switched = render(tokenizer, prompts[0], True, {"enable_thinking": False})
+    assert switched.endswith("<think>\n\n</think>\n\n")
+
+    def tokens(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    engine = Engine(verifier=str(model), max_model_len=256, cpu_kvcache_space_gib=1, dtype="float32")
+    request = Request(engine, None, prompts, [Sampling(0.0, 2)], chat_template_kwargs={"enable_thinking": False})
+    (result,) = run(request)
+    assert result["completions"][0]["prompt_tokens"] == tokens(switched) > tokens(render(tokenizer, prompts[0], True))

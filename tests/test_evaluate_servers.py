@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from eagle3.engines.acceptance import counters_agree
+from eagle3.engines.measurers import ServerMeasurer
 from eagle3.engines.served_speculation import (
     Retries,
     Served,
@@ -26,6 +27,7 @@ from eagle3.engines.served_speculation import (
     parse_prometheus,
 )
 from eagle3.errors import Eagle3Error
+from eagle3.params.evaluate import EvaluateParams
 
 from conftest import eagle3, write_params
 from servers import free_port, vllm_serve, wait_healthy
@@ -369,3 +371,19 @@ def check_servers_match_in_process(root: Path, scratch: Path) -> None:
         params_path.write_text(original)
         for path, content in outputs.items():
             path.write_bytes(content)
+
+
+def test_servers_are_asked_with_generates_template_arguments():
+    server = FakeVllm(tokens=4)
+    try:
+        endpoint = {"url": server.url, "model": "verifier", "serves": "eagle3", "k": 3}
+        config = EvaluateParams(backend="servers", servers={"endpoints": [endpoint]})
+        measurer = ServerMeasurer(config, {"enable_thinking": False})
+        conversation = {"first": [{"role": "user", "content": "q"}], "later": ["and then?"]}
+        measurer.measure("eagle3", 3, [conversation], [["an answer"]], (0.0,), None)
+        assert len(server.bodies) == 2  # both turns
+        assert all(body["chat_template_kwargs"] == {"enable_thinking": False} for body in server.bodies)
+        ServerMeasurer(config, {}).measure("eagle3", 3, [conversation], [["an answer"]], (0.0,), None)
+        assert "chat_template_kwargs" not in server.bodies[-1]
+    finally:
+        server.close()

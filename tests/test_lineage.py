@@ -141,6 +141,7 @@ EVAL = {
     "long_context": None,
     "later_turns_follow": "none",
     "prompts": {"split": "heldout", "count": 2, "prompt_hashes": ["a" * 64, "b" * 64]},
+    "chat_template_kwargs": {"thinking": False},
     "max_tokens": 64,
     "repaired_vllm_temperature_expansion": False,
     # As the evaluate stage records it (eagle3/environment.py), from a machine unlike any that runs this test.
@@ -392,6 +393,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     assert "| 0-256 | 2 | 2.10 | 1.84 |" in card and "with the long-context probe" not in card
     assert f"| bench | `prompts/bench.jsonl` | `{bench_sha256}` | mit | 0 | 2 / 2 |" in card
     assert "Measured with in-process vllm 0.0.2 engines (cpu)" in card
+    assert "chat template arguments the training answers were generated with (`thinking: false`)" in card
     assert f"| `bench` | `prompts/bench.jsonl` | mit | `{bench_sha256}` | 2 | 0 | 2 |" in markdown
     assert "names Kimi-K2.5" in card and lineage["card"]["sha256"] in (root / "reports/lineage.json").read_text()
 

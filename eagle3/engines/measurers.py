@@ -67,8 +67,8 @@ def evaluate_engine(config: EvaluateParams, model_dir: Path, trust_remote_code: 
 class EngineMeasurer:
     """Each configuration in a fresh in-process vLLM engine (eagle3/engines/speculative.py)."""
 
-    def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path):
-        self.config, self.draft_dir = config, root / DRAFT_DIR
+    def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path, template_kwargs: dict[str, Any]):
+        self.config, self.draft_dir, self.template_kwargs = config, root / DRAFT_DIR, template_kwargs
         model_dir = verifier_dir(root)
         self.mla = mla_in_vllm(model_dir)
         self.engine = evaluate_engine(config, model_dir, provenance.trust_remote_code)
@@ -106,6 +106,7 @@ class EngineMeasurer:
             samplings,
             later_turns=[c["later"] for c in conversations],
             answers=answers,
+            chat_template_kwargs=self.template_kwargs,
             kept_dir=str(kept.directory),
             kept_key=kept.key,
         )
@@ -121,10 +122,10 @@ class ServerMeasurer:
     """Each configuration on the running server labelled with it (eagle3/engines/served_speculation.py). Only the
     servers of the configurations measured are contacted: one that is kept needs no server up."""
 
-    def __init__(self, config: EvaluateParams):
+    def __init__(self, config: EvaluateParams, template_kwargs: dict[str, Any]):
         assert config.servers is not None
         servers = config.servers
-        self.config = config
+        self.config, self.template_kwargs = config, template_kwargs
         self.headers = auth_headers(servers.api_key_env, "evaluate.servers.api_key_env")
         self.retries = Retries(servers.concurrency, servers.timeout_s, servers.max_retries, servers.backoff_s)
         self.endpoints = {(e.serves, e.k): e for e in servers.endpoints}
@@ -145,7 +146,7 @@ class ServerMeasurer:
         """As EngineMeasurer.measure, on the server labelled (method, k)."""
         endpoint, config = self.endpoints[(method, k)], self.config
         served = Served(str(endpoint.url).rstrip("/"), endpoint.model, endpoint.serves, endpoint.k)
-        client = ServerClient(served, self.retries, self.headers)
+        client = ServerClient(served, self.retries, self.headers, self.template_kwargs)
         identity = check_server_info(served, client.server_info())
         # URLs stay out of the record: it is published. Whether the server ran on the machine that measured it is
         # what the card says of where the figures come from.

@@ -168,8 +168,17 @@ def check_server_info(served: Served, info: dict[str, Any] | None) -> str:
 class ServerClient:
     """Sends one batch of prompts to one server and reads its counters around it."""
 
-    def __init__(self, served: Served, retries: Retries, headers: dict[str, str], settle_s: float = 10.0):
+    def __init__(
+        self,
+        served: Served,
+        retries: Retries,
+        headers: dict[str, str],
+        template_kwargs: dict[str, Any] | None = None,
+        settle_s: float = 10.0,
+    ):
         self.served, self.retries, self.headers, self.settle_s = served, retries, headers, settle_s
+        # Passed to the server's chat template with every prompt, as generate passed them.
+        self.template_kwargs = template_kwargs or {}
 
     def metrics(self) -> dict[str, Any]:
         response = self._get("/metrics")
@@ -259,6 +268,8 @@ class ServerClient:
             "seed": seed,
             "return_token_ids": True,
         }
+        if self.template_kwargs:
+            body["chat_template_kwargs"] = self.template_kwargs
         problem = ""
         for attempt in range(self.retries.max_retries + 1):
             async with limit:

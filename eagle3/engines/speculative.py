@@ -88,6 +88,8 @@ class Request:
     # eagle3/chat/benchmark_prompts.py); None: this engine's own greedy answers, the first sampling then being
     # greedy. Only turns that have a later one need an answer.
     answers: list[list[str]] | None = None
+    # Passed to the chat template with every prompt (generate's: eagle3/formats/synthetic.py).
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Where batches already measured are kept and new ones are written (eagle3/formats/evaluation_kept.py), and
     # the key it was opened with; None: nothing kept.
     kept_dir: str | None = None
@@ -227,6 +229,7 @@ def _child(request_path: Path, result_path: Path) -> None:
             messages,
             vllm.SamplingParams(temperature=sampling.temperature, max_tokens=sampling.max_tokens, seed=sampling.seed),
             use_tqdm=False,
+            chat_template_kwargs=request["chat_template_kwargs"] or None,
         )
         seconds = time.monotonic() - started
         completions = [

@@ -202,6 +202,9 @@ class EvalMetrics(_Record):
     # without a none run, each configuration's own greedy answers.
     later_turns_follow: Literal["none", "each configuration's own"]
     prompts: Prompts
+    # What every prompt passed to the verifier's chat template: generate's, so that a template switch (thinking
+    # on or off) is measured as the draft was trained.
+    chat_template_kwargs: dict[str, Any]
     max_tokens: int
     # True where this vLLM build needed eagle3/engines/speculative.py's fix for sampled (temperature > 0) runs.
     repaired_vllm_temperature_expansion: bool

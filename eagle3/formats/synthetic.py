@@ -39,6 +39,7 @@ from eagle3.errors import Eagle3Error, field_problem
 from eagle3.files import read_json, write_bytes, write_json
 from eagle3.hashing import sha256_file
 from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
+from eagle3.resume import RUN_FILE
 
 # Part of generate's run key: bump when the record format changes, so parts in the old format are remade, not mixed in.
 FORMAT_VERSION = 3
@@ -153,6 +154,25 @@ def iter_records(root: Path, split: str) -> Iterator[dict[str, Any]]:
     parts = finished_parts(root / SYNTHETIC_DIR / split)
     for index in sorted(parts):
         yield from read_part(parts[index])
+
+
+_TEMPLATE_KWARGS = TypeAdapter(dict[str, Any], config=_STRICT)
+
+
+def generated_template_kwargs(root: Path) -> dict[str, Any]:
+    """The chat_template_kwargs generate rendered every conversation with (its run settings): what a later stage
+    that asks the verifier passes to the chat template, so it asks as the training answers were made."""
+    path = root / SYNTHETIC_DIR / RUN_FILE
+    how = "run `dvc repro generate` (or `dvc pull data/synthetic`) first"
+    if not path.is_file():
+        raise Eagle3Error(f"{path}: missing; {how}")
+    run = read_json(path, how)
+    try:
+        return _TEMPLATE_KWARGS.validate_python(run["settings"]["generate"]["chat_template_kwargs"])
+    except (KeyError, TypeError):
+        raise Eagle3Error(f"{path}: no settings.generate.chat_template_kwargs; {how}") from None
+    except ValidationError as exc:
+        raise Eagle3Error(f"{path}: settings.generate.chat_template_kwargs: {field_problem(exc)}; {how}") from None
 
 
 @with_config(_STRICT)

@@ -94,8 +94,8 @@ class GenerateParams(Section):
     # all: every assistant turn, each conditioned on the regenerated history;
     # last: only the reply to the last user turn.
     turns: Literal["all", "last"] = "all"
-    # Passed to the chat template wherever it renders (every backend, and extract's token layout through the
-    # records), e.g. {thinking: false} for a model whose template switches thinking.
+    # Passed to the chat template wherever it renders (every backend, extract's token layout through the records, and
+    # evaluate's prompts), e.g. {thinking: false} for a model whose template switches thinking.
     chat_template_kwargs: dict[str, Any] = {}
     splits: list[Literal["train", "heldout"]] = Field(["train", "heldout"], min_length=1)
     # Samples per output part: the unit of resume (a killed run redoes at most the parts in flight).

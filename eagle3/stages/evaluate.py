@@ -50,7 +50,7 @@ from eagle3.files import write_json
 from eagle3.formats.eval_metrics import EvalMetrics
 from eagle3.formats.evaluation_kept import OFFLINE_ESTIMATE, KeptEvaluation, KeptItem, item_name
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
-from eagle3.formats.synthetic import iter_records
+from eagle3.formats.synthetic import generated_template_kwargs, iter_records
 from eagle3.hashing import sha256_bytes, sha256_file
 from eagle3.modeling.offline_estimate import offline_estimate
 from eagle3.params.base import StageParams, pinned_settings
@@ -67,7 +67,9 @@ class Params(StageParams):
     evaluate: EvaluateParams = EvaluateParams()
 
 
-def long_context_set(root: Path, config: EvaluateParams, provenance: Provenance) -> PromptSet | None:
+def long_context_set(
+    root: Path, config: EvaluateParams, provenance: Provenance, template_kwargs: dict[str, Any]
+) -> PromptSet | None:
     """The long-context probe (eagle3/chat/long_context.py) as a prompt set; None where it is off. Its facts are
     each probe's prompt tokens and the held-out conversations it chains."""
     probe = config.long_context
@@ -76,7 +78,7 @@ def long_context_set(root: Path, config: EvaluateParams, provenance: Provenance)
     tokenizer = load_tokenizer(root, provenance)
 
     def prompt_tokens(messages: list[dict[str, str]]) -> int:
-        return len(tokenizer(render(tokenizer, messages, True), add_special_tokens=False)["input_ids"])
+        return len(tokenizer(render(tokenizer, messages, True, template_kwargs), add_special_tokens=False)["input_ids"])
 
     probes = long_context_probes(
         list(iter_records(root, "heldout")), probe.conversations, probe.context_tokens, prompt_tokens
@@ -153,11 +155,19 @@ def _file_sha256(path: Path) -> str:
     return sha256_file(path)
 
 
-def _kept_settings(config: EvaluateParams, provenance: Provenance, conversations: list[dict[str, Any]]):
+def _kept_settings(
+    config: EvaluateParams, provenance: Provenance, conversations: list[dict[str, Any]], template_kwargs: dict[str, Any]
+):
     """What every kept item's measurements depend on, besides its own configuration."""
     verifier = {**provenance.identity(*TEXT_IDENTITY), **provenance.weights_identity()}
     prompts = hashlib.sha256(json.dumps(conversations, sort_keys=True).encode()).hexdigest()
-    common = {"verifier": verifier, "prompts": prompts, "max_tokens": config.max_tokens, "seed": config.seed}
+    common = {
+        "verifier": verifier,
+        "prompts": prompts,
+        "chat_template_kwargs": template_kwargs,
+        "max_tokens": config.max_tokens,
+        "seed": config.seed,
+    }
     if config.backend == "engines":
         return {**common, "engine": {**pinned_settings(config.vllm), "dtype": measured_dtype(config)}}
     return common
@@ -243,7 +253,9 @@ def run(params: Params, root: Path, options=None) -> None:
         "\n".join(_file_sha256(draft_dir / name) for name in ("config.json", "model.safetensors")).encode()
     )
     heldout, *benchmark_sets = prompt_sets(root, config)
-    probe = long_context_set(root, config, provenance)
+    # Asked as generate asked for the training answers (e.g. a template's thinking switch).
+    template_kwargs = generated_template_kwargs(root)
+    probe = long_context_set(root, config, provenance, template_kwargs)
     sets = [heldout, *benchmark_sets] + ([probe] if probe is not None else [])
     conversations = [c for prompt_set in sets for c in prompt_set.conversations]
     configurations = config.configurations()
@@ -265,12 +277,12 @@ def run(params: Params, root: Path, options=None) -> None:
         nonlocal measurer
         if measurer is None:
             if config.backend == "servers":
-                measurer = ServerMeasurer(config)
+                measurer = ServerMeasurer(config, template_kwargs)
             else:
-                measurer = EngineMeasurer(config, provenance, root)
+                measurer = EngineMeasurer(config, provenance, root, template_kwargs)
         return measurer
 
-    common = _kept_settings(config, provenance, conversations)
+    common = _kept_settings(config, provenance, conversations, template_kwargs)
     reference_key: str | None = None
     answers: list[list[str]] | None = None
     measured: list[tuple[str, int | None, list[dict[str, Any]], dict[str, Any]]] = []
@@ -308,7 +320,7 @@ def run(params: Params, root: Path, options=None) -> None:
         return
     kept.forget_others({*names, OFFLINE_ESTIMATE})
     assert offline is not None
-    write_metrics(root, config, sets, measured, offline, provenance, started)
+    write_metrics(root, config, sets, measured, offline, provenance, started, template_kwargs)
 
 
 def _kept_reference(item: KeptItem, config: EvaluateParams, conversations) -> list[dict[str, Any]]:
@@ -321,7 +333,9 @@ def _no_measurer():
     raise AssertionError("a kept reference is never measured again here")
 
 
-def write_metrics(root: Path, config: EvaluateParams, sets, measured, offline, provenance, started) -> None:
+def write_metrics(
+    root: Path, config: EvaluateParams, sets, measured, offline, provenance, started, template_kwargs: dict[str, Any]
+) -> None:
     """metrics/eval.json, the plots and the summary lines, from every configuration's outcomes and records."""
     heldout, *rest = sets
     benchmark_sets = [s for s in rest if s.name != "long-context probe"]
@@ -393,6 +407,7 @@ def write_metrics(root: Path, config: EvaluateParams, sets, measured, offline, p
                 "count": prompts,
                 "prompt_hashes": [c["id"] for c in heldout.conversations],
             },
+            "chat_template_kwargs": template_kwargs,
             "max_tokens": config.max_tokens,
             "repaired_vllm_temperature_expansion": any(r["repaired_token_expansion"] for r in records),
             "environment": _environment(config, records),
