@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from eagle3.chat.evaluation_sets import PromptSet
+from eagle3.errors import Eagle3Error
 from eagle3.formats.eval_metrics import context_bucket, context_bucket_end
 
 RESAMPLES = 2000
@@ -153,3 +155,72 @@ def _interval(values: np.ndarray) -> list[float] | None:
 
 def _round(value: float) -> float:
     return round(float(value), 4)
+
+
+def summarize(
+    method: str,
+    k: int | None,
+    outcome: dict[str, Any],
+    units: list[list[dict[str, Any]]],
+    reference: dict[tuple[int, int], list[int]] | None,
+    seed: int,
+) -> dict[str, Any]:
+    """One configuration's figures over `units` (each prompt's completions) of one sampling run."""
+    completions = [c for unit in units for c in unit]
+    summary = {
+        "method": method,
+        "k": k,
+        "temperature": outcome["sampling"]["temperature"],
+        **figures(units, method != "none", seed),
+        "lossless_identical": None,
+    }
+    if reference is not None:
+        summary["lossless_identical"] = sum(
+            c["token_ids"] == reference[(c["conversation"], c["turn"])] for c in completions
+        )
+    return summary
+
+
+def run_record(
+    summary: dict[str, Any], outcome: dict[str, Any], method: str, k: int | None, seed: int
+) -> dict[str, Any]:
+    """A held-out `runs` entry: its figures, the wall time of the configuration's whole run (every set: they share
+    its batches) with the output tokens/s over all of them, and every set's turns by prompt length."""
+    if not counters_agree(outcome["completions"], outcome["counters"]):
+        raise Eagle3Error(
+            f"evaluate: {method}" + (f" k={k}" if k else "") + ": the per-request acceptance vLLM reported does not "
+            "add up to its own counters over the same requests; the figures cannot be trusted (a vLLM defect): "
+            "rerun, and report it with metrics/eval.json's environment"
+        )
+    tokens = sum(len(c["token_ids"]) for c in outcome["completions"])
+    return {
+        **summary,
+        "all_sets_output_tokens": tokens,
+        "all_sets_by_context": figures_by_context(outcome["completions"], method != "none", seed),
+        "output_tokens_per_s": round(tokens / outcome["seconds"], 1) if outcome["seconds"] > 0 else None,
+        "seconds": outcome["seconds"],
+    }
+
+
+def units_by_set(sets: list[PromptSet], completions: list[dict[str, Any]]) -> list[list[list[dict[str, Any]]]]:
+    """Per set, in `sets`' order, each prompt's completions (its turns in order)."""
+    by_conversation: dict[int, list[dict[str, Any]]] = {}
+    for completion in completions:
+        by_conversation.setdefault(completion["conversation"], []).append(completion)
+    units, first = [], 0
+    for prompt_set in sets:
+        count = len(prompt_set.conversations)
+        units.append([sorted(by_conversation[i], key=lambda c: c["turn"]) for i in range(first, first + count)])
+        first += count
+    return units
+
+
+def units_by_category(
+    prompt_set: PromptSet, units: list[list[dict[str, Any]]]
+) -> dict[str, list[list[dict[str, Any]]]]:
+    """A set's units grouped by their conversation's category; conversations without one are left out."""
+    grouped: dict[str, list[list[dict[str, Any]]]] = {}
+    for conversation, unit in zip(prompt_set.conversations, units, strict=True):
+        if conversation["category"] is not None:
+            grouped.setdefault(conversation["category"], []).append(unit)
+    return grouped

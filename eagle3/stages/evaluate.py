@@ -41,7 +41,7 @@ from eagle3.chat.evaluation_sets import PromptSet, prompt_sets
 from eagle3.chat.long_context import long_context_probes
 from eagle3.chat.reasoning import render
 from eagle3.chat.sequence_plan import load_tokenizer
-from eagle3.engines.acceptance import counters_agree, figures, figures_by_context
+from eagle3.engines.acceptance import run_record, summarize, units_by_category, units_by_set
 from eagle3.engines.measurers import EngineMeasurer, ServerMeasurer, measured_dtype, mla_in_vllm
 from eagle3.engines.turn_by_turn import ask_turn_by_turn
 from eagle3.environment import capture
@@ -91,51 +91,6 @@ def long_context_set(
         "probes": [{"prompt_tokens": p.prompt_tokens, "prompt_hashes": p.prompt_hashes} for p in probes],
     }
     return PromptSet("long-context probe", conversations, facts)
-
-
-def summarize(
-    method: str,
-    k: int | None,
-    outcome: dict[str, Any],
-    units: list[list[dict[str, Any]]],
-    reference: dict[tuple[int, int], list[int]] | None,
-    seed: int,
-) -> dict[str, Any]:
-    """One configuration's figures over `units` (each prompt's completions) of one sampling run."""
-    completions = [c for unit in units for c in unit]
-    summary = {
-        "method": method,
-        "k": k,
-        "temperature": outcome["sampling"]["temperature"],
-        **figures(units, method != "none", seed),
-        "lossless_identical": None,
-    }
-    if reference is not None:
-        summary["lossless_identical"] = sum(
-            c["token_ids"] == reference[(c["conversation"], c["turn"])] for c in completions
-        )
-    return summary
-
-
-def _run_record(
-    summary: dict[str, Any], outcome: dict[str, Any], method: str, k: int | None, seed: int
-) -> dict[str, Any]:
-    """A held-out `runs` entry: its figures, the wall time of the configuration's whole run (every set: they share
-    its batches) with the output tokens/s over all of them, and every set's turns by prompt length."""
-    if not counters_agree(outcome["completions"], outcome["counters"]):
-        raise Eagle3Error(
-            f"evaluate: {method}" + (f" k={k}" if k else "") + ": the per-request acceptance vLLM reported does not "
-            "add up to its own counters over the same requests; the figures cannot be trusted (a vLLM defect): "
-            "rerun, and report it with metrics/eval.json's environment"
-        )
-    tokens = sum(len(c["token_ids"]) for c in outcome["completions"])
-    return {
-        **summary,
-        "all_sets_output_tokens": tokens,
-        "all_sets_by_context": figures_by_context(outcome["completions"], method != "none", seed),
-        "output_tokens_per_s": round(tokens / outcome["seconds"], 1) if outcome["seconds"] > 0 else None,
-        "seconds": outcome["seconds"],
-    }
 
 
 def add_arguments(parser) -> None:
@@ -351,9 +306,9 @@ def write_metrics(
         if method == "none":
             reference = {(c["conversation"], c["turn"]): c["token_ids"] for c in greedy["completions"]}
         for outcome, compared in zip(outcomes, [reference] + [None] * (len(outcomes) - 1), strict=True):
-            units = _units(sets, outcome["completions"])
+            units = units_by_set(sets, outcome["completions"])
             runs.append(
-                _run_record(
+                run_record(
                     summarize(method, k, outcome, units[0], compared, config.seed), outcome, method, k, config.seed
                 )
             )
@@ -362,7 +317,7 @@ def write_metrics(
                 entry["results"].append(summarize(method, k, outcome, set_units, compared, config.seed))
                 if method == "none":
                     continue
-                for category, members in _categories(prompt_set, set_units).items():
+                for category, members in units_by_category(prompt_set, set_units).items():
                     entry["categories"].setdefault(category, []).append(
                         summarize(method, k, outcome, members, None, config.seed)
                     )
@@ -444,27 +399,6 @@ def _answers(conversations: list[dict[str, Any]], completions: list[dict[str, An
     """Per conversation, the reference's greedy answers to every turn that has a later one."""
     texts = {(c["conversation"], c["turn"]): c["text"] for c in completions}
     return [[texts[(i, t)] for t in range(len(c["later"]))] for i, c in enumerate(conversations)]
-
-
-def _units(sets: list[PromptSet], completions: list[dict[str, Any]]) -> list[list[list[dict[str, Any]]]]:
-    """Per set, in `sets`' order, each prompt's completions (its turns in order)."""
-    by_conversation: dict[int, list[dict[str, Any]]] = {}
-    for completion in completions:
-        by_conversation.setdefault(completion["conversation"], []).append(completion)
-    units, first = [], 0
-    for prompt_set in sets:
-        count = len(prompt_set.conversations)
-        units.append([sorted(by_conversation[i], key=lambda c: c["turn"]) for i in range(first, first + count)])
-        first += count
-    return units
-
-
-def _categories(prompt_set: PromptSet, units: list[list[dict[str, Any]]]) -> dict[str, list[list[dict[str, Any]]]]:
-    grouped: dict[str, list[list[dict[str, Any]]]] = {}
-    for conversation, unit in zip(prompt_set.conversations, units, strict=True):
-        if conversation["category"] is not None:
-            grouped.setdefault(conversation["category"], []).append(unit)
-    return grouped
 
 
 def _headline(results: list[dict[str, Any]], k: int) -> dict[str, Any]:
