@@ -160,11 +160,12 @@ def main(argv: list[str] | None = None) -> int:
             return server.main(args, root)
         else:
             from eagle3.config import check_against_verifier, check_license_gate, load_params
-            from eagle3.tools.plan_memory import check_gpu_memory
+            from eagle3.tools.plan_memory import check_evaluate_memory, check_gpu_memory
 
             params = load_params(args.params)
             notes = check_against_verifier(params, args.params)
             notes += check_gpu_memory(params, args.params)
+            notes += check_evaluate_memory(params, args.params)
             notes.append(check_license_gate(params, args.params))
             for warning in params.warnings():
                 print(f"eagle3 check: warning: {args.params.name}: {warning}", file=sys.stderr)

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from eagle3.config import Params, check_against_verifier, load_params
+from eagle3.errors import Eagle3Error
 from eagle3.params.loading import validate
 from eagle3.tools.configs import CONFIGS_DIR, LAYOUT_KEYS, LAYOUTS, render, shipped
 
@@ -158,3 +159,32 @@ def test_init_s_bad_input_is_one_line(tmp_path, args, message):
     result = _init(tmp_path, *args)
     assert result.returncode == 2 and result.stderr.strip() == message
     assert not (tmp_path / "params.yaml").exists()
+
+
+def test_evaluate_engines_on_a_gpu_hold_the_verifier_in_the_dtype_they_compute_in(tmp_path):
+    """An 8B verifier stored in bf16 (16 GB) with the CPU's evaluate settings (float32 at 0.3) on an H100: float32
+    doubles it past 0.3 x 80 GB, refused before any stage runs, naming the keys; auto (bf16) fits."""
+    import json
+
+    from eagle3.tools.plan_memory import check_evaluate_memory
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["train"]["launch"] = {**params["train"].get("launch", {}), "gpu": "h100"}
+    local = {"kind": "local", "path": str(tmp_path / "models/verifier"), "name": "org/dense-8b", "license": "mit"}
+    params["verifier"]["source"] = local
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    loaded = load_params(path)
+    assert loaded.evaluate.vllm.dtype == "float32" and loaded.evaluate.vllm.gpu_memory_utilization == 0.3
+    write_fake_provenance(tmp_path, name="org/dense-8b", weight_bytes=16 * 10**9)
+    (tmp_path / "models/verifier/config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
+    with pytest.raises(
+        Eagle3Error,
+        match=r"evaluate.vllm.gpu_memory_utilization: 0.3 of a NVIDIA H100 .* float32 "
+        r"\(32 GB per GPU at tensor_parallel_size 1\).*evaluate.vllm.dtype: auto",
+    ):
+        check_evaluate_memory(loaded, path)
+    params["evaluate"]["vllm"]["dtype"] = "auto"
+    path.write_text(yaml.safe_dump(params))
+    (note,) = check_evaluate_memory(load_params(path), path)
+    assert note.startswith("evaluate's engines: the verifier's 16.0 GB per GPU within 24 GB")

@@ -319,3 +319,36 @@ def check_gpu_memory(params: Any, path: Path) -> list[str]:
             f"`eagle3 init NAME --layout C --gpu {gpu}` sizes it (a smaller share, or train.stream_phase_steps)"
         )
     return [f"GPU memory with streamed states: {fit.summary()} per {GPUS[gpu].name} ({source})"]
+
+
+def check_evaluate_memory(params: Any, path: Path) -> list[str]:
+    """`eagle3 check`: evaluate's in-process engines hold the verifier within evaluate.vllm.gpu_memory_utilization
+    of train.launch.gpu, in the dtype they compute in there (float32 doubles 16-bit weights: the CPU's exact
+    lossless setting, not a GPU's). Eagle3Error naming the keys where it does not fit."""
+    from eagle3.formats.provenance import read_provenance
+
+    evaluate, gpu = params.evaluate, params.train.launch.gpu
+    if evaluate.backend != "engines" or gpu is None:
+        return []
+    root = path.resolve().parent
+    _, weights, source = _verifier_config(params, root)
+    if weights is None:
+        return [f"evaluate's GPU memory not checked: {source}"]
+    engine = evaluate.vllm
+    stored = read_provenance(root).dtype if source.endswith("config.json") else None
+    widened = engine.dtype == "float32" and stored in ("bfloat16", "float16")
+    need = weights * (2 if widened else 1) / engine.tensor_parallel_size
+    held = engine.gpu_memory_utilization * GPUS[gpu].memory_gb * GB
+    dtype = "float32" if widened else "the dtype they are stored in"
+    if need > held:
+        raise Eagle3Error(
+            f"{path}: evaluate.vllm.gpu_memory_utilization: {engine.gpu_memory_utilization:g} of a {GPUS[gpu].name} "
+            f"({held / GB:,.0f} GB) cannot hold the verifier's weights in {dtype} ({need / GB:,.0f} GB per GPU at "
+            f"tensor_parallel_size {engine.tensor_parallel_size}); raise it"
+            + (
+                ", and on a GPU set evaluate.vllm.dtype: auto (float32 is the CPU's exact lossless setting)"
+                if widened
+                else ""
+            )
+        )
+    return [f"evaluate's engines: the verifier's {need / GB:,.1f} GB per GPU within {held / GB:,.0f} GB ({source})"]
