@@ -50,6 +50,8 @@ def test_params_after_the_command_and_its_directory_is_the_root(tmp_path):
     # A tool: the plan reads the project's measured metrics, not the current directory's (there are none).
     _metrics(project, ratio=1.9)
     run = ("--samples", "3000", "--mean-tokens", "1024")
-    plan = json.loads(eagle3(tmp_path, "plan", "--params", "project/params.yaml", *run, "--json").stdout)
+    plan = json.loads(
+        eagle3(tmp_path, "plan", "--params", "project/params.yaml", "--verifier", "kimi-k2.5", *run, "--json").stdout
+    )
     assert plan["inputs"]["compression_ratio"] == 1.9 and plan["train_memory"]["ttt_steps"] == 5
     assert "metrics/extract.json not found" in eagle3(tmp_path, "plan", *run, check=False).stderr

@@ -130,17 +130,33 @@ def test_the_plan_says_when_the_params_are_set_for_another_layout(tmp_path):
     ) in plan["answer"]
 
 
-def test_params_of_another_verifier_are_read_with_a_warning(tmp_path):
-    from conftest import smoke_params
+def test_the_plan_is_for_the_configured_verifier_or_refused(tmp_path, verifier_project):
+    """Params of a verifier the plan cannot shape here are refused, naming --verifier (never planned as Kimi's);
+    where the verifier stage has run, its recorded copy is what the plan shapes."""
+    from conftest import copy_project, smoke_params
 
     write_params(tmp_path, smoke_params())
-    plan = _plan(tmp_path, "--samples", "3000", "--max-tokens", "16384")
-    assert plan["inputs"]["verifier"]["name"] == "moonshotai/Kimi-K2.5"
-    assert plan["train_memory"]["ttt_steps"] == 3  # the params' own, named as such
-    assert plan["inputs"]["configuration"]["ttt_steps"] == "params.yaml train.ttt_steps"
-    assert plan["warnings"][0].startswith(
-        "params.yaml configures HuggingFaceTB/SmolLM2-135M-Instruct, whose shape the plan does not know here"
+    result = eagle3(tmp_path, "plan", "--samples", "3000", "--mean-tokens", "512", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        "eagle3 plan: error: --verifier: params.yaml configures HuggingFaceTB/SmolLM2-135M-Instruct, whose shape "
+        "the plan does not know here (not a preset, no directory, the verifier stage has not run here): pass "
+        "--verifier with its config.json or model directory, or run `dvc repro verifier` first"
     )
+    root = copy_project(verifier_project, tmp_path / "recorded", smoke_params())
+    plan = json.loads(
+        eagle3(
+            root, "plan", "--samples", "3000", "--mean-tokens", "512", "--compression-ratio", "1.476", "--json"
+        ).stdout
+    )
+    verifier = plan["inputs"]["verifier"]
+    assert (verifier["name"], verifier["hidden_size"], verifier["num_layers"]) == (
+        str(root / "models/verifier"),
+        576,
+        30,
+    )
+    assert plan["inputs"]["sources"]["verifier"].endswith("as the verifier stage recorded it in models/verifier)")
+    assert plan["train_memory"]["ttt_steps"] == 3  # the params' own
 
 
 def test_a_mean_longer_than_the_configured_sequences_is_one_line_naming_the_key(tmp_path):

@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     data.add_argument(
         "--verifier",
-        help=f"preset ({', '.join(PRESETS)}) or a config.json / model dir (default: params.yaml's verifier where "
-        "it is a preset or its directory is here, else kimi-k2.5)",
+        help=f"preset ({', '.join(PRESETS)}) or a config.json / model dir (default: params.yaml's verifier: a "
+        "preset, its directory here or the verifier stage's copy; kimi-k2.5 where no params file names one)",
     )
     data.add_argument("--samples", type=int, help=f"training samples (conversations; {_configured('samples')})")
     data.add_argument(

@@ -10,10 +10,10 @@ from typing import Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import read_report_json
-from eagle3.formats.provenance import verifier_location
+from eagle3.formats.provenance import read_provenance, verifier_location
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.gpu_kinds import GPUS
-from eagle3.paths import EXTRACT_METRICS
+from eagle3.paths import EXTRACT_METRICS, PROVENANCE, VERIFIER_DIR
 from eagle3.tools.dvc_config import cache_option, usable_cache_link
 from eagle3.tools.plan_config import Configured
 from eagle3.tools.plan_config import apply as apply_configuration
@@ -265,16 +265,18 @@ def collect_warnings(
     return warnings
 
 
-def _choose_verifier(args: argparse.Namespace, root: Path, configured: Configured) -> tuple[str, str | None]:
-    """--verifier, else the configured verifier where the plan knows its shape (a preset of that name, or its
-    directory here), else the kimi-k2.5 preset; its source, and a warning where the configuration names another."""
+def _choose_verifier(args: argparse.Namespace, root: Path, configured: Configured) -> str:
+    """--verifier, else the configured verifier where the plan knows its shape (a preset of that name, its
+    directory here, or the verifier stage's copy of it here), else, with no verifier configured, the kimi-k2.5
+    preset; where it came from. A configured verifier whose shape is not here is refused: a plan for another
+    model's shape would price the wrong run."""
     if args.verifier is not None:
-        return "--verifier", None
+        return "--verifier"
     name, params = configured.verifier_name, configured.path
     preset = next((key for key, shape in PRESETS.items() if shape.name == name), None)
     if preset is not None:
         args.verifier = preset
-        return f"{params.name} verifier.source.name ({name}: preset {preset})", None
+        return f"{params.name} verifier.source.name ({name}: preset {preset})"
     if configured.verifier_local:
         try:
             directory, setting = verifier_location(root)
@@ -282,14 +284,17 @@ def _choose_verifier(args: argparse.Namespace, root: Path, configured: Configure
             directory = None
         if directory is not None and directory.is_dir():
             args.verifier = str(directory)
-            return f"{params.name} verifier ({setting}: {directory})", None
-    args.verifier = DEFAULT_VERIFIER
+            return f"{params.name} verifier ({setting}: {directory})"
     if name is None:
-        return f"default of --verifier ({DEFAULT_VERIFIER})", None
-    return f"default of --verifier ({DEFAULT_VERIFIER})", (
-        f"{params.name} configures {name}, whose shape the plan does not know here (not a preset, no directory): "
-        f"planned for {DEFAULT_VERIFIER}'s with {params.name}'s settings; pass --verifier, or `eagle3 init "
-        f"{DEFAULT_VERIFIER}` for the hero run's settings"
+        args.verifier = DEFAULT_VERIFIER
+        return f"default of --verifier ({DEFAULT_VERIFIER})"
+    if (root / PROVENANCE).is_file() and read_provenance(root).name == name:
+        args.verifier = str(root / VERIFIER_DIR)
+        return f"{params.name} verifier ({name}, as the verifier stage recorded it in {VERIFIER_DIR})"
+    raise Eagle3Error(
+        f"--verifier: {params.name} configures {name}, whose shape the plan does not know here (not a preset, no "
+        f"directory, the verifier stage has not run here): pass --verifier with its config.json or model directory, "
+        f"or run `dvc repro verifier` first"
     )
 
 
@@ -320,7 +325,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         raise Eagle3Error(
             "--samples: how many training samples to plan for (no params file, or its prepare.max_rows is null)"
         )
-    verifier_source, verifier_warning = _choose_verifier(args, root, configured)
+    verifier_source = _choose_verifier(args, root, configured)
     checked = validate_args(args, configuration)
     verifier = verifier_from_args(args)
     there_preflight, here_preflight = preflights(args, verifier)
@@ -415,8 +420,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         streamed_phases=streamed[1],
         serve_tokens_per_s=serve,
         server_start_s=args.server_start_min * 60 if args.server_start_min is not None else None,
-        warnings=([verifier_warning] if verifier_warning else [])
-        + there_preflight.warnings
+        warnings=there_preflight.warnings
         + here_preflight.warnings
         + collect_warnings(
             verifier,
