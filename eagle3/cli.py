@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         _command(
             commands,
             "init",
-            "write a shipped configuration (e.g. kimi-k2.5, the hero run) as the params file",
+            "write a shipped configuration (e.g. kimi-k2.5, the hero run), or one sized for any verifier "
+            "(--verifier DIR), as the params file",
             parents=[params],
         )
     )

@@ -36,7 +36,7 @@ def shipped() -> list[str]:
     return sorted(path.stem for path in CONFIGS_DIR.glob("*.yaml"))
 
 
-def _yaml():
+def yaml_round_trip():
     from ruamel.yaml import YAML
 
     yaml = YAML()
@@ -56,7 +56,7 @@ def render(name: str, layout: str, gpu: str | None = None, draft_repo: str | Non
         raise Eagle3Error(f"no shipped configuration {name!r}; one of {', '.join(shipped())}")
     if layout not in LAYOUTS:
         raise Eagle3Error(f"--layout: one of {', '.join(LAYOUTS)}, got {layout!r}")
-    yaml = _yaml()
+    yaml = yaml_round_trip()
     document = yaml.load((CONFIGS_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
     for (section, key), value in LAYOUT_KEYS[layout].items():
         if isinstance(value, list):  # in place: the list keeps its style and its comment
@@ -163,17 +163,50 @@ def _uncommitted(path: Path) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="a shipped configuration: " + ", ".join(shipped()))
-    parser.add_argument("--layout", required=True, choices=LAYOUTS, help="A, B or C, as `eagle3 plan` names them")
+    from eagle3.tools import init_verifier
+
+    parser.add_argument("name", nargs="?", help="a shipped configuration: " + ", ".join(shipped()))
+    parser.add_argument(
+        "--layout",
+        required=True,
+        choices=(*LAYOUTS, "single"),
+        help="A, B or C, as `eagle3 plan` names them; single (with --verifier): every stage on one GPU machine",
+    )
     parser.add_argument(
         "--gpu",
         choices=list(GPUS),
-        help="the rented machine's GPU kind (train.launch.gpu): check and plan hold the run to it; layout C needs it",
+        help="the GPU kind (train.launch.gpu): check and plan hold the run to it; layout C and --verifier need it",
     )
     parser.add_argument(
         "--draft-repo", metavar="ORG/NAME", help="the Hub repository the draft is published as (report.draft_repo)"
     )
     parser.add_argument("--force", action="store_true", help="overwrite a params file git does not have")
+    init_verifier.add_arguments(parser)
+
+
+def _text(args: argparse.Namespace) -> tuple[str, str, str]:
+    """The params text, what it was made from (for errors and the summary) and the file validation names."""
+    from eagle3.tools import init_verifier
+
+    if (args.name is None) == (args.verifier is None):
+        raise Eagle3Error("give a shipped configuration (" + ", ".join(shipped()) + ") or --verifier DIR, not both")
+    if args.verifier is None:
+        if args.layout == "single":
+            raise Eagle3Error(f"--layout single: with --verifier DIR; {args.name} is shipped for A, B or C")
+        text = render(args.name, args.layout, args.gpu, args.draft_repo)
+        return text, f"the {args.name} configuration, layout {args.layout}", str(CONFIGS_DIR / f"{args.name}.yaml")
+    if args.layout != "single":
+        raise Eagle3Error("--verifier: --layout single (every stage on one GPU machine) is what it sizes")
+    if args.gpu is None:
+        raise Eagle3Error("--verifier: give --gpu (one of " + ", ".join(GPUS) + "): the sizes follow its memory")
+    if args.gpus < 1:
+        raise Eagle3Error(f"--gpus: at least 1, got {args.gpus}")
+    verifier = init_verifier.read_verifier(args.verifier, args.name_override, args.license_id)
+    thinking = None if args.thinking is None else args.thinking == "on"
+    text = init_verifier.params_for(
+        verifier, args.gpu, args.gpus, thinking, args.trust_remote_code, args.license_override
+    )
+    return text, f"sized for {verifier.name}, layout single", "eagle3 init --verifier"
 
 
 def main(args: argparse.Namespace) -> None:
@@ -183,14 +216,12 @@ def main(args: argparse.Namespace) -> None:
     from eagle3.params.loading import validate
 
     target: Path = args.params
-    text = render(args.name, args.layout, args.gpu, args.draft_repo)
-    validate(yaml.safe_load(text), Params, CONFIGS_DIR / f"{args.name}.yaml")
+    text, made, source = _text(args)
+    validate(yaml.safe_load(text), Params, Path(source))
     if _uncommitted(target) and not args.force:
         raise Eagle3Error(
             f"{target} has changes git does not have; commit or stash them, or pass --force to overwrite it"
         )
     write_text(target, text)
     on = f", on {GPUS[args.gpu].name}s" if args.gpu else ""
-    print(
-        f"{target}: the {args.name} configuration, layout {args.layout}{on} (`git diff {target.name}` shows the change)"
-    )
+    print(f"{target}: {made}{on} (`git diff {target.name}` shows the change)")

@@ -258,7 +258,7 @@ def _verifier_config(params: Any, root: Path) -> tuple[dict[str, Any] | None, fl
     stage's record and directory; (None, None, why) where neither is here."""
     from eagle3.config import configured_verifier
     from eagle3.formats.hf_config import read_config, text_config
-    from eagle3.formats.provenance import read_provenance, verifier_dir
+    from eagle3.formats.provenance import read_provenance, verifier_dir, verifier_location
     from eagle3.paths import PROVENANCE
     from eagle3.tools.plan_types import PRESETS
 
@@ -266,6 +266,19 @@ def _verifier_config(params: Any, root: Path) -> tuple[dict[str, Any] | None, fl
     preset = next((shape for shape in PRESETS.values() if shape.name == name), None)
     if preset is not None:
         return preset.config, preset.weights_bytes, f"the {name} preset"
+    if params.verifier.source.kind == "local":
+        try:
+            directory, _ = verifier_location(root)
+        except Eagle3Error:
+            directory = None
+        if directory is not None and (directory / "config.json").is_file():
+            try:
+                config = text_config(read_config(directory))
+            except Eagle3Error as exc:
+                return None, None, str(exc)
+            weights = float(sum(path.stat().st_size for path in directory.glob("*.safetensors")))
+            if weights:
+                return config, weights, f"{name}'s config.json"
     if not (root / PROVENANCE).is_file() or read_provenance(root).name != name:
         return None, None, f"{name}'s shape is not known until `dvc repro verifier` records it"
     try:
@@ -321,12 +334,22 @@ def check_gpu_memory(params: Any, path: Path) -> list[str]:
     return [f"GPU memory with streamed states: {fit.summary()} per {GPUS[gpu].name} ({source})"]
 
 
+def _stored_dtype(params: Any, root: Path) -> str | None:
+    """The dtype the verifier's weights are stored in: the verifier stage's record, else its config.json's."""
+    from eagle3.formats.provenance import read_provenance, verifier_location
+    from eagle3.paths import PROVENANCE
+
+    if (root / PROVENANCE).is_file():
+        return read_provenance(root).dtype
+    directory, _ = verifier_location(root)
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    return config.get("dtype") or config.get("torch_dtype")
+
+
 def check_evaluate_memory(params: Any, path: Path) -> list[str]:
     """`eagle3 check`: evaluate's in-process engines hold the verifier within evaluate.vllm.gpu_memory_utilization
     of train.launch.gpu, in the dtype they compute in there (float32 doubles 16-bit weights: the CPU's exact
     lossless setting, not a GPU's). Eagle3Error naming the keys where it does not fit."""
-    from eagle3.formats.provenance import read_provenance
-
     evaluate, gpu = params.evaluate, params.train.launch.gpu
     if evaluate.backend != "engines" or gpu is None:
         return []
@@ -335,7 +358,7 @@ def check_evaluate_memory(params: Any, path: Path) -> list[str]:
     if weights is None:
         return [f"evaluate's GPU memory not checked: {source}"]
     engine = evaluate.vllm
-    stored = read_provenance(root).dtype if source.endswith("config.json") else None
+    stored = _stored_dtype(params, root) if source.endswith("config.json") else None
     widened = engine.dtype == "float32" and stored in ("bfloat16", "float16")
     need = weights * (2 if widened else 1) / engine.tensor_parallel_size
     held = engine.gpu_memory_utilization * GPUS[gpu].memory_gb * GB

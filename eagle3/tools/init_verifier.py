@@ -1,0 +1,402 @@
+"""`eagle3 init --verifier DIR --gpu KIND [--gpus N]`: a complete params file for any verifier on one GPU machine
+(layout `single`: every stage there, one after the other), sized from the model's own files and the GPUs.
+
+Read from the model directory: config.json (its `text_config` where it nests one: architecture, hidden size, layers,
+vocabulary, context length, heads, stored dtype, whether it needs its own code), the *.safetensors sizes (the
+weights per GPU), the chat template (whether it has a thinking switch), generation_config.json (the sampling the
+model recommends) and README.md's front matter (the license). Each value written carries its reason as a comment,
+as the shipped Kimi-K2.5 configuration does; a value that cannot be decided from those (the Hub id, a license the
+card does not state, thinking on or off, running the model's own code) is refused with the flag that sets it,
+never guessed. The file is validated as params before it is written.
+"""
+
+import argparse
+import io
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import Eagle3Error
+from eagle3.gpu_kinds import GPUS
+from eagle3.tools.plan_types import GB
+
+# vLLM 0.32's verifiers that capture EAGLE-3 states (classes implementing SupportsEagle3 in
+# vllm/model_executor/models/), by the architecture name config.json gives.
+EAGLE3_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "KimiK25ForConditionalGeneration",
+    "GptOssForCausalLM",
+    "Gemma4ForCausalLM",
+    "GraniteForCausalLM",
+    "MiniCPMForCausalLM",
+    "MiniMaxM2ForCausalLM",
+)
+# Variables chat templates switch thinking with: Qwen3's, and Kimi's / DeepSeek-V3.1's.
+THINKING_SWITCHES = ("enable_thinking", "thinking")
+# vLLM's share of each GPU while a stage runs it: the stages run one after the other, each alone on the GPUs.
+ENGINE_SHARE = 0.9
+# Of that share, the most the weights may take: the rest holds the KV cache of long answers and the activations.
+WEIGHTS_OF_SHARE = 0.6
+# Room for the prompt and the earlier turns beside the longest answer.
+PROMPT_ROOM = 4096
+DRAFT_VOCAB = 32000
+LONG_CONTEXT = 32768
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """What the model directory says of the verifier."""
+
+    directory: Path
+    name: str
+    license: str
+    architecture: str
+    text: dict[str, Any]
+    dtype: str
+    weights_bytes: float
+    thinking_switch: str | None
+    sampling: dict[str, float]
+    remote_code: bool
+
+    @property
+    def layers(self) -> int:
+        return int(self.text["num_hidden_layers"])
+
+    @property
+    def context(self) -> int:
+        return int(self.text.get("max_position_embeddings") or 0)
+
+
+def read_verifier(directory: Path, name: str | None, license_id: str | None) -> Verifier:
+    """The verifier in `directory`; Eagle3Error naming the flag for what its files do not say."""
+    from eagle3.formats.hf_config import read_config, text_config
+
+    directory = directory.resolve()
+    config = read_config(directory, "--verifier must be a Hugging Face model directory (config.json, weights)")
+    text = text_config(config)
+    architecture = (config.get("architectures") or ["?"])[0]
+    if architecture not in EAGLE3_ARCHITECTURES:
+        raise Eagle3Error(
+            f"--verifier: {architecture} ({directory / 'config.json'}) is not among vLLM's verifiers that capture "
+            f"EAGLE-3 states: {', '.join(EAGLE3_ARCHITECTURES)}"
+        )
+    weights = float(sum(path.stat().st_size for path in directory.glob("*.safetensors")))
+    if not weights:
+        raise Eagle3Error(f"--verifier: {directory} has no *.safetensors: the weights size the GPUs they need")
+    card = _front_matter(directory / "README.md")
+    name = name or (config.get("_name_or_path") if "/" in str(config.get("_name_or_path", "")) else None)
+    if not name:
+        raise Eagle3Error("--name: the verifier's Hub id (ORG/MODEL; verifier.source.name): its config does not say")
+    license_id = license_id or card.get("license")
+    if not license_id:
+        raise Eagle3Error(
+            f"--license: {directory / 'README.md'} states no license (verifier.source.license): give the model's"
+        )
+    return Verifier(
+        directory=directory,
+        name=name,
+        license=str(license_id).lower(),
+        architecture=architecture,
+        text=text,
+        dtype=_stored_dtype(text) or _stored_dtype(config) or "bfloat16",
+        weights_bytes=weights,
+        thinking_switch=_thinking_switch(directory),
+        sampling=_recommended_sampling(directory),
+        remote_code="auto_map" in config,
+    )
+
+
+def _stored_dtype(config: dict[str, Any]) -> str | None:
+    """config.json's dtype (`dtype` since transformers 4.56, `torch_dtype` before)."""
+    value = config.get("dtype") or config.get("torch_dtype")
+    return str(value) if value else None
+
+
+def _front_matter(readme: Path) -> dict[str, Any]:
+    import yaml
+
+    if not readme.is_file():
+        return {}
+    match = re.match(r"^---\n(.*?)\n---", readme.read_text(encoding="utf-8", errors="replace"), re.DOTALL)
+    try:
+        meta = yaml.safe_load(match[1]) if match else None
+    except yaml.YAMLError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _thinking_switch(directory: Path) -> str | None:
+    sources = [directory / "chat_template.jinja"]
+    template = "".join(path.read_text(encoding="utf-8") for path in sources if path.is_file())
+    tokenizer_config = directory / "tokenizer_config.json"
+    if not template and tokenizer_config.is_file():
+        value = json.loads(tokenizer_config.read_text(encoding="utf-8")).get("chat_template") or ""
+        template = json.dumps(value) if not isinstance(value, str) else value
+    return next((name for name in THINKING_SWITCHES if re.search(rf"\b{name}\b", template)), None)
+
+
+def _recommended_sampling(directory: Path) -> dict[str, float]:
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return {}
+    generation = json.loads(path.read_text(encoding="utf-8"))
+    if not generation.get("do_sample", "temperature" in generation):
+        return {}
+    return {key: float(generation[key]) for key in ("temperature", "top_p") if generation.get(key) is not None}
+
+
+def tensor_parallel(verifier: Verifier, gpu: str, gpus: int) -> int:
+    """The fewest GPUs (a power of two dividing `gpus` and the attention heads) whose share holds the weights with
+    room for the KV cache."""
+    heads = int(verifier.text.get("num_attention_heads") or 1)
+    held = WEIGHTS_OF_SHARE * ENGINE_SHARE * GPUS[gpu].memory_gb * GB
+    size = 1
+    while size <= gpus:
+        if gpus % size == 0 and heads % size == 0 and verifier.weights_bytes / size <= held:
+            return size
+        size *= 2
+    raise Eagle3Error(
+        f"--gpus: {verifier.name}'s {verifier.weights_bytes / GB:,.0f} GB of weights need more than {gpus} "
+        f"{GPUS[gpu].name} (each holds {held / GB:,.0f} GB of weights beside the KV cache); give more GPUs"
+    )
+
+
+def answer_tokens(verifier: Verifier, thinking: bool) -> int:
+    wanted = 16384 if thinking else 4096
+    fits = verifier.context - PROMPT_ROOM
+    if fits < 1024:
+        raise Eagle3Error(
+            f"--verifier: a context of {verifier.context} tokens (max_position_embeddings) leaves no room for "
+            f"answers beside {PROMPT_ROOM} tokens of prompt"
+        )
+    return min(wanted, fits)
+
+
+def recompute_that_fits(verifier: Verifier, gpu: str, gpus: int, tokens: int, ttt_steps: int) -> tuple[str, str]:
+    """The least recompute (train.activation_checkpointing) at which `tokens` per GPU train, and the figure why."""
+    from eagle3.params.train import RECOMPUTE, TrainParams
+    from eagle3.tools.plan_memory import compute_train_memory, estimate
+    from eagle3.tools.plan_types import Machine
+
+    layout = tuple(key for key, on in TrainParams().draft_layout.model_dump().items() if on)
+    lines = estimate(verifier.text, DRAFT_VOCAB, ttt_steps, gpus, "ddp", layout)
+    memory = compute_train_memory(lines, tokens, Machine(gpu, gpus, 0.0, 0.0, None))
+    if memory.settings is None:
+        raise Eagle3Error(f"--verifier: the draft's training memory cannot be estimated: {memory.source}")
+    for setting in RECOMPUTE:
+        need = memory.settings[setting].at_max_tokens_bytes
+        if memory.settings[setting].fits:
+            return (
+                setting,
+                f"{need / GB:,.0f} GB of {GPUS[gpu].memory_gb:,.0f} at {tokens:,} tokens (fake-tensor estimate)",
+            )
+    raise Eagle3Error(f"--gpu {gpu}: the draft does not train {tokens:,} tokens on one GPU even with full recompute")
+
+
+def _map(*entries: tuple[str, Any, str | None]):
+    """A YAML mapping whose keys carry their reasons as end-of-line comments."""
+    from ruamel.yaml.comments import CommentedMap
+
+    node = CommentedMap()
+    for key, value, reason in entries:
+        node[key] = value
+        if reason:
+            node.yaml_add_eol_comment(reason, key, column=0)
+    return node
+
+
+def _gb(value: float) -> str:
+    return f"{value:,.1f}" if value < 10 else f"{value:,.0f}"
+
+
+def _flow(values: list[Any]):
+    from ruamel.yaml.comments import CommentedSeq
+
+    node = CommentedSeq(values)
+    node.fa.set_flow_style()
+    return node
+
+
+def params_for(
+    verifier: Verifier,
+    gpu: str,
+    gpus: int,
+    thinking: bool | None,
+    trust_remote_code: bool,
+    license_override: str | None,
+) -> str:
+    """The params file (its text, comments included) for `verifier` on `gpus` x `gpu` in one machine."""
+    from eagle3.publish.licenses import CONDITIONAL, PERMISSIVE, classify, normalize
+    from eagle3.tools.configs import CONFIGS_DIR, yaml_round_trip
+
+    if verifier.remote_code and not trust_remote_code:
+        raise Eagle3Error(
+            f"--trust-remote-code: {verifier.name}'s config.json runs code of its own (auto_map); pass it to let the "
+            "stages run that code (verifier.trust_remote_code), having read it"
+        )
+    if verifier.thinking_switch is not None and thinking is None:
+        raise Eagle3Error(
+            f"--thinking on|off: {verifier.name}'s chat template switches thinking ({verifier.thinking_switch}); "
+            "say which the draft is trained and measured with (generate.chat_template_kwargs)"
+        )
+    license_id = normalize(verifier.license)
+    category, terms = classify(license_id)
+    if category != PERMISSIVE and license_override is None:
+        raise Eagle3Error(
+            f"--license-override REASON: {verifier.name} is {license_id} ({category}: {terms}); publishing a draft "
+            "derived from it needs your reason that it is allowed (report.license_overrides)"
+            + ("" if category == CONDITIONAL else ", or another verifier")
+        )
+    gpu_name = GPUS[gpu].name
+    tensor_parallel_size = tensor_parallel(verifier, gpu, gpus)
+    thinks = bool(thinking)
+    answers = answer_tokens(verifier, thinks)
+    longest = answers + PROMPT_ROOM
+    ttt_steps = 7
+    recompute, memory = recompute_that_fits(verifier, gpu, gpus, longest, ttt_steps)
+    layers = verifier.layers
+    weights_gb = verifier.weights_bytes / GB
+    tp_reason = (
+        f"{_gb(weights_gb)} GB of weights: {_gb(weights_gb / tensor_parallel_size)} GB per GPU leaves the KV cache "
+        f"room in {ENGINE_SHARE} of a {gpu_name}"
+    )
+    engine = [
+        ("tensor_parallel_size", tensor_parallel_size, tp_reason),
+        ("gpu_memory_utilization", ENGINE_SHARE, "the stages run one at a time, each alone on the GPUs"),
+        ("enforce_eager", False, "CUDA graphs"),
+    ]
+    sampling = verifier.sampling
+    kimi = yaml_round_trip().load((CONFIGS_DIR / "kimi-k2.5.yaml").read_text(encoding="utf-8"))
+    switch = {verifier.thinking_switch: thinks} if verifier.thinking_switch else {}
+    context = verifier.context
+    probe = context >= LONG_CONTEXT + answers
+    draft_vocab = min(DRAFT_VOCAB, int(verifier.text["vocab_size"]))
+    document = _map(
+        (
+            "verifier",
+            _map(
+                (
+                    "source",
+                    _map(
+                        ("kind", "local", "its Hugging Face directory on this machine (hashed, not copied)"),
+                        ("path", str(verifier.directory), None),
+                        ("name", verifier.name, None),
+                        ("license", license_id, "from its model card" if not license_override else None),
+                    ),
+                    None,
+                ),
+                ("dtype", verifier.dtype, "as its checkpoint stores it (its config.json)"),
+                ("trust_remote_code", verifier.remote_code, "its config.json names code of its own (auto_map)"
+                 if verifier.remote_code else None),
+            ),
+            None,
+        ),
+        ("prepare", _map(
+            ("sources", kimi["prepare"]["sources"], None),
+            ("max_rows", 3000, "a first run's conversations; raise it as `eagle3 plan` prices more"),
+            ("max_rows_per_source", None, None),
+            ("heldout_rows", 128, "the offline estimate and the held-out acceptance"),
+            ("seed", 0, None),
+        ), None),
+        ("benchmarks", _map(("sets", kimi["benchmarks"]["sets"], None)), None),
+        ("generate", _map(
+            ("backend", "vllm", "in-process on this machine's GPUs"),
+            ("turns", "all", "every assistant turn, each on the regenerated history"),
+            ("splits", _flow(["train", "heldout"]), None),
+            ("chunk_size", 256, "conversations per part: the unit of resume"),
+            ("chat_template_kwargs", _map(*[(key, value, None) for key, value in switch.items()]),
+             f"thinking {'on' if thinks else 'off'} (eagle3 init --thinking); evaluate asks with the same"
+             if switch else None),
+            ("sampling", _map(
+                ("temperature", sampling.get("temperature", 1.0),
+                 "generation_config.json's" if "temperature" in sampling else "the model's own distribution"),
+                ("top_p", sampling.get("top_p", 1.0),
+                 "generation_config.json's" if "top_p" in sampling else "unshaped"),
+                ("max_tokens", answers, ("long reasoning answers whole" if thinks else "whole answers")
+                 + f", within its {context:,}-token context"),
+                ("seed", 0, None),
+            ), None),
+            ("vllm", _map(*engine, ("max_model_len", longest, "the longest sample extract stores")), None),
+        ), None),
+        ("extract", _map(
+            ("backend", "vllm", "the same engine as generate, on the same GPUs"),
+            ("vllm", _map(*engine), None),
+            ("aux_layer_ids", None, f"vLLM's default for {layers} layers: 2, {layers // 2}, {layers - 3}"),
+            ("dtype", "auto", "bfloat16 on the GPUs"),
+            ("splits", _flow(["train", "heldout"]), None),
+            ("max_seq_len", longest, f"a {answers:,}-token answer plus up to {PROMPT_ROOM:,} tokens of prompt"),
+            ("batch_tokens", 65536, None),
+            ("shard_raw_mb", 1024, "the unit of resume and of `dvc push`"),
+            ("storage", "bf16-lossless", "lossless; `eagle3 plan` prices the 8-bit storages beside it"),
+            ("compression_level", 1, None),
+            ("compression_threads", 8, None),
+            ("reserve_free_gb", 50.0, None),
+        ), None),
+        ("vocab", _map(("draft_vocab_size", draft_vocab, "as published EAGLE-3 drafts (SpecForge's configs)")), None),
+        ("train", _map(
+            ("ttt_steps", ttt_steps, "SpecForge's training depth; serving drafts 3"),
+            ("epochs", 4, None),
+            ("batch_size", 2 * gpus, f"sequences per optimizer step, over {gpus} GPU(s)"),
+            ("max_tokens_per_batch", gpus * longest, "one longest sample per GPU, more of the short ones"),
+            ("precision", "auto", "bf16 autocast on the GPUs"),
+            ("activation_checkpointing", recompute, memory),
+            ("sharding", "ddp", "the one-layer draft replicates on every GPU"),
+            ("launch", _map(
+                ("processes_per_node", gpus, "one per GPU"),
+                ("gpu", gpu, f"{gpu_name}: `eagle3 check` holds training and evaluate to its memory"),
+            ), None),
+            ("seed", 0, None),
+        ), None),
+        ("export", _map(("dtype", "bfloat16", None), ("num_speculative_tokens", 3, None)), None),
+        ("evaluate", _map(
+            ("backend", "engines", "in-process vLLM engines on this machine, one configuration at a time"),
+            ("headline_k", 3, "the published drafts' \"3 steps, top-k 1, 4 draft tokens\""),
+            ("temperature", sampling.get("temperature", 1.0), "the sampled runs as generate sampled"),
+            ("max_tokens", min(answers, 4096), "acceptance over up to 4,096 tokens of each answer"),
+            ("max_prompts", None, "every held-out prompt"),
+            ("seed", 0, None),
+            ("long_context", _map(("conversations", 32, None), ("context_tokens", LONG_CONTEXT, None))
+             if probe else None, "chat histories of held-out conversations" if probe
+             else f"off: its {context:,}-token context holds no {LONG_CONTEXT:,}-token history"),
+            ("vllm", _map(
+                ("dtype", "auto", "bfloat16 on the GPUs: the lossless check is then a measured agreement"),
+                *engine,
+                ("max_model_len", (LONG_CONTEXT if probe else PROMPT_ROOM) + min(answers, 4096), None),
+            ), None),
+        ), None),
+        ("report", _map(
+            ("draft_repo", None, "the Hub repo you publish as (the card's serve command)"),
+            ("license", None, f"the verifier's: {license_id}"),
+            ("license_overrides", [_map(("license", license_id, None), ("reason", license_override, None))]
+             if license_override else [], None),
+            ("sub_source_licenses", {}, None),
+        ), None),
+    )  # fmt: skip
+    document.yaml_set_start_comment(
+        f"An EAGLE-3 draft for {verifier.name} ({verifier.architecture}, hidden {verifier.text['hidden_size']}, "
+        f"{layers} layers, vocabulary {int(verifier.text['vocab_size']):,}) on one machine of {gpus} x {gpu_name}:\n"
+        f"every stage there (`dvc repro`). Written by `eagle3 init --verifier`; each value says why."
+    )
+    out = io.StringIO()
+    yaml_round_trip().dump(document, out)
+    return out.getvalue()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verifier", type=Path, metavar="DIR", help="the verifier's Hugging Face directory")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs on the machine (with --verifier; default 1)")
+    parser.add_argument(
+        "--name", dest="name_override", metavar="ORG/MODEL", help="the verifier's Hub id where its config does not say"
+    )
+    parser.add_argument("--license", dest="license_id", metavar="ID", help="its license where its card does not say")
+    parser.add_argument("--thinking", choices=("on", "off"), help="where its chat template switches thinking")
+    parser.add_argument("--trust-remote-code", action="store_true", help="where its config names code of its own")
+    parser.add_argument("--license-override", metavar="REASON", help="why publishing a draft of it is allowed")
