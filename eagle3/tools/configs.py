@@ -21,8 +21,8 @@ from typing import Any
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_text
 from eagle3.gpu_kinds import GPUS
+from eagle3.tools.config_files import CONFIGS_DIR, shipped, yaml_round_trip
 
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 LAYOUTS = ("A", "B", "C")
 # What each layout sets over the shipped file, as (section, key) -> value.
 LAYOUT_KEYS: dict[str, dict[tuple[str, str], Any]] = {
@@ -30,23 +30,6 @@ LAYOUT_KEYS: dict[str, dict[tuple[str, str], Any]] = {
     "B": {},
     "C": {("train", "hidden_states"): "streamed", ("extract", "splits"): ["heldout"]},
 }
-
-
-def shipped() -> list[str]:
-    return sorted(path.stem for path in CONFIGS_DIR.glob("*.yaml"))
-
-
-def yaml_round_trip():
-    from ruamel.yaml import YAML
-
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    yaml.width = 120
-    yaml.indent(mapping=2, sequence=4, offset=2)
-    yaml.representer.add_representer(
-        type(None), lambda representer, _: representer.represent_scalar("tag:yaml.org,2002:null", "null")
-    )
-    return yaml
 
 
 def render(name: str, layout: str, gpu: str | None = None, draft_repo: str | None = None) -> str:

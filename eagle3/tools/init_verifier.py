@@ -235,7 +235,7 @@ def params_for(
 ) -> str:
     """The params file (its text, comments included) for `verifier` on `gpus` x `gpu` in one machine."""
     from eagle3.publish.licenses import CONDITIONAL, PERMISSIVE, classify, normalize
-    from eagle3.tools.configs import CONFIGS_DIR, yaml_round_trip
+    from eagle3.tools.config_files import CONFIGS_DIR, yaml_round_trip
 
     if verifier.remote_code and not trust_remote_code:
         raise Eagle3Error(
