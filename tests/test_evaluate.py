@@ -6,6 +6,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from single_machine import QWEN3_TEMPLATE
 from transformers import AutoTokenizer
 
 from eagle3.chat.evaluation_sets import heldout_prompts
@@ -15,13 +16,6 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.synthetic import generated_template_kwargs
 from eagle3.params.evaluate import EvaluateParams
 from eagle3.publish.evaluation_plots import write_plots
-
-# Qwen3's switch: with enable_thinking false the generation prompt ends in an empty thinking block.
-QWEN3_STYLE_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
 
 
 def _prepared(root, train_hashes, heldout_hashes):
@@ -315,7 +309,7 @@ def test_a_qwen3_style_thinking_switch_reaches_the_engines_prompts(verifier_proj
     for path in (verifier_project / "models/verifier").iterdir():
         if path.name != "chat_template.jinja":
             (model / path.name).symlink_to(path)
-    (model / "chat_template.jinja").write_text(QWEN3_STYLE_TEMPLATE)
+    (model / "chat_template.jinja").write_text(QWEN3_TEMPLATE)
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = [[{"role": "user", "content": "Name a prime number."}]]
     switched = render(tokenizer, prompts[0], True, {"enable_thinking": False})

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from single_machine import VERIFIERS, build
 
 from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
@@ -16,33 +17,9 @@ from eagle3.tools.init_verifier import params_for, read_verifier
 
 from conftest import REPO, eagle3
 
-VERIFIERS = Path(__file__).parent / "verifiers"
-# Qwen3's switch, as its chat template spells it.
-QWEN3_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
-
 
 def tiny_model(root: Path, family: str, license_id: str | None = "apache-2.0") -> Path:
-    """A random model of `family` (tests/verifiers/FAMILY.json) saved as a Hugging Face directory, with Qwen3's
-    chat template and a model card stating `license_id`."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = json.loads((VERIFIERS / f"{family}.json").read_text())
-    directory = root / family
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16)
-    model.save_pretrained(directory)
-    (directory / "chat_template.jinja").write_text(QWEN3_TEMPLATE)
-    if license_id:
-        (directory / "README.md").write_text(f"---\nlicense: {license_id}\nlibrary_name: transformers\n---\n# tiny\n")
-    (directory / "generation_config.json").write_text(
-        json.dumps({"do_sample": True, "temperature": 0.6, "top_p": 0.95})
-    )
-    return directory
+    return build(family, root / family, license_id=license_id)
 
 
 @pytest.mark.parametrize("family", ["qwen3-tiny", "qwen3-moe-tiny"])
@@ -67,14 +44,15 @@ def test_init_writes_a_file_check_accepts_sized_from_the_model(tmp_path, family)
     assert params["generate"]["sampling"] == {"temperature": 0.6, "top_p": 0.95, "max_tokens": 4096, "seed": 0}
     assert params["extract"]["max_seq_len"] == 4096 + 4096
     assert f"vLLM's default for {layers} layers: 2, {layers // 2}, {layers - 3}" in text
-    assert params["vocab"]["draft_vocab_size"] == 1024  # its whole vocabulary: smaller than 32,000
+    assert params["vocab"]["draft_vocab_size"] == 32000  # of its 49,152
     assert params["train"]["launch"] == {"processes_per_node": 1, "gpu": "h100"}
     assert load_params(project / "params.yaml").train.activation_checkpointing == "off"  # a tiny draft fits
     assert params["evaluate"]["vllm"]["dtype"] == "auto" and params["evaluate"]["backend"] == "engines"
     assert (params["evaluate"]["long_context"] is not None) == (context >= 32768 + 4096)
     assert "# thinking off (eagle3 init --thinking); evaluate asks with the same" in text
     checked = eagle3(project, "check")
-    assert "evaluate's engines: the verifier's 0.0 GB per GPU" in checked.stderr
+    weights = sum(path.stat().st_size for path in model.glob("*.safetensors")) / 1e9
+    assert f"evaluate's engines: the verifier's {weights:.1f} GB per GPU within 72 GB" in checked.stderr
     assert "license gate: " in checked.stderr
 
 

@@ -255,6 +255,13 @@ def params_for(
             "derived from it needs your reason that it is allowed (report.license_overrides)"
             + ("" if category == CONDITIONAL else ", or another verifier")
         )
+    layers = verifier.layers
+    captured = (2, layers // 2, layers - 3)
+    if not 2 < layers // 2 < layers - 3:
+        raise Eagle3Error(
+            f"--verifier: {layers} layers, where vLLM's default captured layers {captured} do not rise; a verifier "
+            "this shallow needs extract.aux_layer_ids set by hand"
+        )
     gpu_name = GPUS[gpu].name
     tensor_parallel_size = tensor_parallel(verifier, gpu, gpus)
     thinks = bool(thinking)
@@ -262,7 +269,6 @@ def params_for(
     longest = answers + PROMPT_ROOM
     ttt_steps = 7
     recompute, memory = recompute_that_fits(verifier, gpu, gpus, longest, ttt_steps)
-    layers = verifier.layers
     weights_gb = verifier.weights_bytes / GB
     tp_reason = (
         f"{_gb(weights_gb)} GB of weights: {_gb(weights_gb / tensor_parallel_size)} GB per GPU leaves the KV cache "
@@ -329,7 +335,7 @@ def params_for(
         ("extract", _map(
             ("backend", "vllm", "the same engine as generate, on the same GPUs"),
             ("vllm", _map(*engine), None),
-            ("aux_layer_ids", None, f"vLLM's default for {layers} layers: 2, {layers // 2}, {layers - 3}"),
+            ("aux_layer_ids", None, f"vLLM's default for {layers} layers: {', '.join(map(str, captured))}"),
             ("dtype", "auto", "bfloat16 on the GPUs"),
             ("splits", _flow(["train", "heldout"]), None),
             ("max_seq_len", longest, f"a {answers:,}-token answer plus up to {PROMPT_ROOM:,} tokens of prompt"),
