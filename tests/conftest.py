@@ -24,6 +24,7 @@ LONGEST_FIRST = (
     "test_hero_rehearsal.py",
     *SHARED_PROJECT_FILES,
     "test_pipeline.py",
+    "test_single_machine.py",
     "test_generate_openai.py",
     "test_extract.py",
     "test_lineage.py",
