@@ -18,6 +18,10 @@ sampled at evaluate.temperature; the offline estimate and its top-1 agreement pe
 tokens/s. Needs a project whose extract and vocab stages have run (default: this directory).
 
     python benchmarks/peer_trainer.py [--root .] [--arms peer ours ours+muon] [--seeds 0 1 2] [--json out.json]
+                                      [--previous earlier.json ...]
+
+--previous adds the results another run of this harness wrote with --json (other seeds of the same arms, on the
+same project) to the table; an arm and seed measured twice is refused.
 """
 
 import argparse
@@ -159,7 +163,13 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=["peer", "ours"], help="peer, ours, ours+RECIPE[+RECIPE...]")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--previous", type=Path, nargs="+", default=[], help="--json files of earlier runs")
     args = parser.parse_args()
+    previous = [row for path in args.previous for row in json.loads(path.read_text(encoding="utf-8"))]
+    measured = {(row["arm"], row["seed"]) for row in previous}
+    again = sorted(measured & {(arm, seed) for arm in args.arms for seed in args.seeds})
+    if again or len(measured) < len(previous):
+        raise SystemExit(f"--previous: {again or 'an arm and seed'} measured twice; drop it from --seeds or a file")
     for arm in args.arms:
         if arm != "peer":
             _recipe(arm)
@@ -176,7 +186,7 @@ def main() -> None:
                 print(json.dumps(result), flush=True)
                 if args.json:
                     args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print("\n" + "\n".join(summary(results)))
+    print("\n" + "\n".join(summary(previous + results)))
 
 
 if __name__ == "__main__":
