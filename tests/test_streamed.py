@@ -204,6 +204,7 @@ def test_streamed_mode_s_bad_input_is_one_line(extracted_real, tmp_path):
     assert line == (
         f"eagle3 train: error: {moved}/models/verifier: the safetensors files' total size is not what the verifier "
         f"stage recorded in {moved}/models/verifier/provenance.json (weight_bytes {size + 1}, recorded {size}): "
-        "another copy or revision; fetch the recorded one, or run `dvc repro verifier` to record this one (every "
-        "later stage then reruns)"
+        "another copy or revision; fetch the recorded one, or run `dvc repro --force --single-item verifier` to "
+        "record this one (a plain `dvc repro` keeps the recorded one: the directory is not a DVC dependency), then "
+        "`dvc repro` reruns every later stage"
     ), line

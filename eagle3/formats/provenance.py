@@ -200,7 +200,8 @@ def checked_verifier_dir(root: Path) -> Path:
             raise Eagle3Error(
                 f"{model_dir}: {what} is not what the verifier stage recorded in {root / PROVENANCE} ({key} "
                 f"{current.get(key)}, recorded {recorded[key]}): another copy or revision; fetch the recorded one, "
-                "or run `dvc repro verifier` to record this one (every later stage then reruns)"
+                "or run `dvc repro --force --single-item verifier` to record this one (a plain `dvc repro` keeps the "
+                "recorded one: the directory is not a DVC dependency), then `dvc repro` reruns every later stage"
             )
     return model_dir
 
