@@ -1,14 +1,18 @@
 """`eagle3 <command>`: one subcommand per DVC stage (names as in dvc.yaml), plus the tools around them.
 
-A stage command runs eagle3/runner.py exactly as stages/<name>.py does for `dvc repro`. Stage modules are
-imported only for the command that runs, so `eagle3 --help` and the tools start without torch.
+A stage command runs eagle3/runner.py exactly as stages/<name>.py does for `dvc repro`. A tool is one row of TOOLS:
+its help, the function that declares its options and the one that runs it, both named by module so that a module is
+imported only for the command that runs (`eagle3 --help` and the tools start without torch); the parser and the
+dispatch both read the table, so a tool cannot be declared and not run.
 """
 
 import argparse
 import importlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.secret_filter import guard_output
@@ -28,9 +32,59 @@ STAGES: dict[str, str] = {
 }
 
 
-def _command(commands, name: str, help_text: str, **kwargs) -> argparse.ArgumentParser:
-    """A subcommand whose --help opens with the line `eagle3 --help` shows for it."""
-    return commands.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", **kwargs)
+@dataclass(frozen=True)
+class Tool:
+    help: str
+    # "module:function" of add_arguments(parser) (None: no options) and of run(args, root) -> exit status | None.
+    arguments: str | None
+    run: str
+    # Whether it reads the params file (and so takes --params after its name, as stages do).
+    params: bool = True
+
+
+TOOLS: dict[str, Tool] = {
+    "check": Tool(
+        "validate the params file and print it fully resolved (defaults filled in)", None, "eagle3.cli:check"
+    ),
+    "validate-draft": Tool(
+        "check a draft directory against vLLM's EAGLE-3 contract and its verifier",
+        "eagle3.cli:validate_draft_arguments",
+        "eagle3.cli:validate_draft",
+        params=False,
+    ),
+    "plan": Tool(
+        "hero-run disk, time and cost: extract here and ship, or extract there",
+        "eagle3.tools.plan_flags:add_arguments",
+        "eagle3.tools.plan_cli:main",
+    ),
+    "init": Tool(
+        "write a shipped configuration (e.g. kimi-k2.5, the hero run), or one sized for any verifier "
+        "(--verifier DIR), as the params file",
+        "eagle3.tools.configs:add_arguments",
+        "eagle3.tools.configs:main",
+    ),
+    "preflight": Tool(
+        "measure this machine before a run: training, extraction, serving, disk",
+        "eagle3.tools.preflight:add_arguments",
+        "eagle3.tools.preflight:main",
+    ),
+    "repair": Tool(
+        "check an output's copies (workspace, DVC cache, remote) against dvc.lock; restore bad ones",
+        "eagle3.tools.repair:add_arguments",
+        "eagle3.tools.repair:main",
+    ),
+    "server": Tool(
+        "start a model server (`vllm serve`) in the background and wait until it answers, or stop it",
+        "eagle3.tools.server:add_arguments",
+        "eagle3.tools.server:main",
+    ),
+}
+
+
+def resolve(target: str) -> Any:
+    """The function a TOOLS entry names as "module:function"."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _version() -> str:
@@ -59,66 +113,43 @@ def build_parser() -> argparse.ArgumentParser:
     # Tools take --params after their name too, as stages do.
     params = argparse.ArgumentParser(add_help=False)
     params.add_argument("--params", type=Path, default=argparse.SUPPRESS, help=PARAMS_HELP)
-    _command(
-        commands, "check", "validate the params file and print it fully resolved (defaults filled in)", parents=[params]
-    )
-    validate = _command(
-        commands, "validate-draft", "check a draft directory against vLLM's EAGLE-3 contract and its verifier"
-    )
-    validate.add_argument("draft", type=Path, help="draft directory (config.json + model.safetensors)")
-    validate.add_argument("--verifier", type=Path, required=True, help="the verifier's HF directory")
-    from eagle3.tools import plan_flags
-
-    plan_flags.add_arguments(
-        _command(
-            commands,
-            "plan",
-            "hero-run disk, time and cost: extract here and ship, or extract there",
-            parents=[params],
+    for name, tool in TOOLS.items():
+        # A subcommand whose --help opens with the line `eagle3 --help` shows for it.
+        description = tool.help[0].upper() + tool.help[1:] + "."
+        command = commands.add_parser(
+            name, help=tool.help, description=description, parents=[params] if tool.params else []
         )
-    )
-    from eagle3.tools import configs
-
-    configs.add_arguments(
-        _command(
-            commands,
-            "init",
-            "write a shipped configuration (e.g. kimi-k2.5, the hero run), or one sized for any verifier "
-            "(--verifier DIR), as the params file",
-            parents=[params],
-        )
-    )
-    from eagle3.tools import preflight
-
-    preflight.add_arguments(
-        _command(
-            commands,
-            "preflight",
-            "measure this machine before a run: training, extraction, serving, disk",
-            parents=[params],
-        )
-    )
-    from eagle3.tools import repair
-
-    repair.add_arguments(
-        _command(
-            commands,
-            "repair",
-            "check an output's copies (workspace, DVC cache, remote) against dvc.lock; restore bad ones",
-            parents=[params],
-        )
-    )
-    from eagle3.tools import server
-
-    server.add_arguments(
-        _command(
-            commands,
-            "server",
-            "start a model server (`vllm serve`) in the background and wait until it answers, or stop it",
-            parents=[params],
-        )
-    )
+        if tool.arguments is not None:
+            resolve(tool.arguments)(command)
     return parser
+
+
+def validate_draft_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("draft", type=Path, help="draft directory (config.json + model.safetensors)")
+    parser.add_argument("--verifier", type=Path, required=True, help="the verifier's HF directory")
+
+
+def validate_draft(args: argparse.Namespace, root: Path) -> None:
+    from eagle3.formats.exported_draft import validate_draft as validate
+
+    validate(args.draft, args.verifier)
+    print(f"{args.draft}: valid EAGLE-3 draft for {args.verifier}")
+
+
+def check(args: argparse.Namespace, root: Path) -> None:
+    from eagle3.config import check_against_verifier, check_license_gate, load_params
+    from eagle3.tools.plan_memory import check_evaluate_memory, check_gpu_memory
+
+    params = load_params(args.params)
+    notes = check_against_verifier(params, args.params)
+    notes += check_gpu_memory(params, args.params)
+    notes += check_evaluate_memory(params, args.params)
+    notes.append(check_license_gate(params, args.params))
+    for warning in params.warnings():
+        print(f"eagle3 check: warning: {args.params.name}: {warning}", file=sys.stderr)
+    for note in notes:
+        print(f"eagle3 check: {note}", file=sys.stderr)
+    print(json.dumps(params.model_dump(mode="json"), indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,49 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"unrecognized arguments: {' '.join(rest)}")
     root = args.params.resolve().parent
     try:
-        if args.command == "validate-draft":
-            from eagle3.formats.exported_draft import validate_draft
-
-            validate_draft(args.draft, args.verifier)
-            print(f"{args.draft}: valid EAGLE-3 draft for {args.verifier}")
-        elif args.command == "plan":  # not a stage: flags, the params file and the measured metrics
-            from eagle3.tools import plan_cli
-
-            plan_cli.main(args, root)
-        elif args.command == "init":
-            from eagle3.tools import configs
-
-            configs.main(args)
-        elif args.command == "preflight":  # not a stage: measures the machine, writes no pipeline output
-            from eagle3.tools import preflight
-
-            return preflight.main(args, root)
-        elif args.command == "repair":  # not a stage: DVC's copies of what the stages made
-            from eagle3.tools import repair
-
-            return repair.main(args, root)
-        elif args.command == "server":  # not a stage: the servers generate and evaluate talk to
-            from eagle3.tools import server
-
-            return server.main(args, root)
-        else:
-            from eagle3.config import check_against_verifier, check_license_gate, load_params
-            from eagle3.tools.plan_memory import check_evaluate_memory, check_gpu_memory
-
-            params = load_params(args.params)
-            notes = check_against_verifier(params, args.params)
-            notes += check_gpu_memory(params, args.params)
-            notes += check_evaluate_memory(params, args.params)
-            notes.append(check_license_gate(params, args.params))
-            for warning in params.warnings():
-                print(f"eagle3 check: warning: {args.params.name}: {warning}", file=sys.stderr)
-            for note in notes:
-                print(f"eagle3 check: {note}", file=sys.stderr)
-            print(json.dumps(params.model_dump(mode="json"), indent=2))
+        return resolve(TOOLS[args.command].run)(args, root) or 0
     except Eagle3Error as exc:
         print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from importlib.metadata import version
 import pytest
 from test_plan import _metrics
 
-from eagle3.cli import STAGES, build_parser, main
+from eagle3.cli import STAGES, TOOLS, build_parser, main, resolve
 
 from conftest import eagle3, smoke_params, write_params
 
@@ -16,7 +16,7 @@ def test_version_is_the_installed_package_s():
     assert eagle3(".", "--version").stdout.strip() == f"eagle3 {version('eagle3')}"
 
 
-@pytest.mark.parametrize("command", [*STAGES, "check", "validate-draft", "plan", "init", "preflight", "repair"])
+@pytest.mark.parametrize("command", [*STAGES, *TOOLS])
 def test_every_command_s_help_says_what_it_does(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([command, "--help"])
@@ -26,6 +26,14 @@ def test_every_command_s_help_says_what_it_does(command, capsys):
     assert usage.startswith(f"usage: eagle3 {command}")
     # A sentence of its own, not the option list that follows it.
     assert len(description) > 30 and not description.startswith(("options:", "positional arguments:")), description
+
+
+def test_every_tool_names_functions_that_exist_and_the_parser_offers_exactly_the_stages_and_tools():
+    for name, tool in TOOLS.items():
+        for target in filter(None, (tool.arguments, tool.run)):
+            assert callable(resolve(target)), f"{name}: {target}"
+    commands = next(action for action in build_parser()._actions if action.dest == "command").choices
+    assert list(commands) == [*STAGES, *TOOLS]
 
 
 def test_no_command_left_for_an_earlier_name():

@@ -192,7 +192,7 @@ def _text(args: argparse.Namespace) -> tuple[str, str, str]:
     return text, f"sized for {verifier.name}, layout single", "eagle3 init --verifier"
 
 
-def main(args: argparse.Namespace) -> None:
+def main(args: argparse.Namespace, root: Path) -> None:
     import yaml
 
     from eagle3.config import Params
