@@ -407,9 +407,9 @@ def test_a_default_that_repeats_a_layer_is_refused():
     """(2, N//2, N-3) repeats layer 3 at N = 6 (the Kimi-shaped miniature's depth): one line naming the fix."""
     from types import SimpleNamespace
 
+    from eagle3.engines.hidden_states.base import layer_ids
     from eagle3.errors import Eagle3Error
     from eagle3.params.extract import ExtractParams
-    from eagle3.stages.extract import layer_ids
 
     six = SimpleNamespace(num_hidden_layers=6, default_aux_layer_ids=(2, 3, 3))
     with pytest.raises(Eagle3Error) as caught:

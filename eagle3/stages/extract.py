@@ -40,7 +40,13 @@ from eagle3.background import Background, one_ahead
 from eagle3.chat.sequence_plan import Part, load_tokenizer, part_sequences, synthetic_parts
 from eagle3.chat.token_layout import Sequence
 from eagle3.engines.hidden_states.backends import open_capture
-from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture
+from eagle3.engines.hidden_states.base import (
+    EXTRACTION_VERSION,
+    CaptureRequest,
+    HiddenStateCapture,
+    compute_dtype,
+    layer_ids,
+)
 from eagle3.engines.hidden_states.batching import in_plan_order, part_batches
 from eagle3.environment import EnvironmentLog, fingerprint
 from eagle3.errors import Eagle3Error
@@ -54,17 +60,10 @@ from eagle3.hashing import sha256_file
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.extract import ExtractParams
 from eagle3.paths import EXTRACT_METRICS, HIDDEN_DIR, SYNTHETIC_MANIFEST, VLLM_SPOOL
-from eagle3.precision import engine_device_type, resolve
 from eagle3.progress import progress, step
 from eagle3.resume import measured_run, resume_or_reset
 from eagle3.scale_out import Slice
 from eagle3.scale_out import add_arguments as add_arguments  # the runner gives this stage --rank / --world-size
-
-# Bump when the same inputs and params give other shard bytes (2: length-sorted batches, zstd hash_log 10; 3: shards
-# planned per synthetic part; 4: a turn cut at max_tokens masked only through its generated tokens), so the run key
-# changes and shards made by older code are discarded, never mixed.
-EXTRACTION_VERSION = 4
-
 
 # Runs on the GPUs where there are any: refused where nvidia-smi lists GPUs that torch cannot see (eagle3/runner.py).
 USES_GPUS = True
@@ -91,19 +90,6 @@ class PartPlan:
     part: Part
     shards: list[ShardPlan]
     counts: Counter = field(default_factory=Counter)
-
-
-def layer_ids(config: ExtractParams, provenance: Provenance) -> tuple[int, ...]:
-    layers = provenance.num_hidden_layers
-    aux = config.aux_layer_ids or provenance.default_aux_layer_ids
-    if max(aux) >= layers:
-        raise Eagle3Error(f"extract.aux_layer_ids: {aux} must be < {layers} (the verifier's layer count)")
-    if len(set(aux)) != len(aux):  # only the default can repeat one (params refuse it): (2, N//2, N-3) at N <= 7
-        raise Eagle3Error(
-            f"extract.aux_layer_ids: the verifier's default {list(aux)} ((2, N//2, N-3) at N = {layers}) repeats a "
-            "layer; set extract.aux_layer_ids to distinct layers"
-        )
-    return (*aux, layers)
 
 
 def shard_meta(config: ExtractParams, provenance: Provenance) -> ShardMeta:
@@ -198,11 +184,6 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     if not ranks.finished_unless_missing("extract", missing):
         return
     _write_index_and_metrics(root, out, parts, meta, dtype, extracted, elapsed)
-
-
-def compute_dtype(config: ExtractParams) -> str:
-    """extract.dtype resolved where the forward pass runs: both backends use the GPUs when there are any."""
-    return resolve(config.dtype, engine_device_type())
 
 
 def run_settings(config: ExtractParams, provenance: Provenance, meta: ShardMeta, manifest: Path) -> dict[str, Any]:

@@ -17,7 +17,6 @@ and ends at the same weights as an uninterrupted run (CPU), on the same or any o
 Curves go to metrics/train/ through DVCLive.
 """
 
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -47,6 +46,7 @@ from eagle3.training.data import (
     BatchPlan,
     Collate,
     batches,
+    data_workers,
     measure_aux_scale,
     micro_batches_by_step,
 )
@@ -280,13 +280,3 @@ def _fit(
             f"train: {total} steps, {tokens_done} padded tokens in {elapsed:.0f} s this run "
             f"({tokens_done / max(elapsed, 1e-9):.0f} tok/s); checkpoints in {out}"
         )
-
-
-def data_workers(config: TrainParams, world: Dist) -> int:
-    """DataLoader processes per training process. `auto`: one decodes ~870 MB/s of bf16 states on a server core
-    (~15K Kimi-K2.5 tokens/s) while a GPU trains ~7K tokens/s, so 2 per GPU process keep it fed with headroom
-    for long samples; on CPU one, since every worker takes a core from the training itself."""
-    if config.num_workers != "auto":
-        return config.num_workers
-    wanted = 2 if world.device.type == "cuda" else 1
-    return max(0, min(wanted, (os.cpu_count() or 1) // max(world.local_size, 1) - 1))

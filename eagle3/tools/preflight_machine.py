@@ -374,7 +374,7 @@ def measure_data_path(context: Context, item: Item) -> None:
         )
     import torch
 
-    from eagle3.stages.train import data_workers
+    from eagle3.training.data import data_workers
     from eagle3.training.distributed import Dist
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -86,9 +86,9 @@ def check_verifier(context: Context, item: Item) -> None:
 
 
 def draft_config(context: Context):
+    from eagle3.engines.hidden_states.base import layer_ids
     from eagle3.formats.hf_config import read_config
     from eagle3.modeling.draft import DraftConfig
-    from eagle3.stages.extract import layer_ids
 
     params = context.params
     provenance = context.provenance
@@ -247,11 +247,10 @@ def measure_extraction(context: Context, item: Item) -> None:
 
     from eagle3.chat.token_layout import layout
     from eagle3.engines.hidden_states.backends import open_capture
-    from eagle3.engines.hidden_states.base import CaptureRequest
+    from eagle3.engines.hidden_states.base import CaptureRequest, layer_ids
     from eagle3.engines.hidden_states.batching import length_sorted_batches
     from eagle3.formats.shards import encode_sample
     from eagle3.precision import engine_device_type, resolve
-    from eagle3.stages.extract import layer_ids
 
     ensure_verifier(context)
     params, provenance = context.params, context.provenance

@@ -8,6 +8,7 @@ more than its part of train.max_tokens_per_batch trains it in micro-batches that
 tokens at once than max_tokens_per_batch / processes, or one sequence longer than that.
 """
 
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -15,6 +16,8 @@ import torch
 
 from eagle3.errors import Eagle3Error
 from eagle3.modeling.draft import DraftConfig
+from eagle3.params.train import TrainParams
+from eagle3.training.distributed import Dist
 
 # Samples used to measure the per-channel scale of fc's input (their first token, an attention sink, excluded).
 SCALE_SAMPLES = 64
@@ -223,3 +226,13 @@ def measure_aux_scale(states: Iterable[torch.Tensor], layers: int) -> torch.Tens
         squares = flat.pow(2).sum(0) if squares is None else squares + flat.pow(2).sum(0)
         count += flat.shape[0]
     return (squares / max(count, 1)).sqrt().clamp(min=1e-2)
+
+
+def data_workers(config: TrainParams, world: Dist) -> int:
+    """DataLoader processes per training process. `auto`: one decodes ~870 MB/s of bf16 states on a server core
+    (~15K Kimi-K2.5 tokens/s) while a GPU trains ~7K tokens/s, so 2 per GPU process keep it fed with headroom
+    for long samples; on CPU one, since every worker takes a core from the training itself."""
+    if config.num_workers != "auto":
+        return config.num_workers
+    wanted = 2 if world.device.type == "cuda" else 1
+    return max(0, min(wanted, (os.cpu_count() or 1) // max(world.local_size, 1) - 1))

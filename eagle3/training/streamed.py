@@ -27,7 +27,13 @@ import torch
 from eagle3.chat.sequence_plan import Part, load_tokenizer, split_sequences, synthetic_parts
 from eagle3.chat.token_layout import Sequence
 from eagle3.engines.hidden_states.backends import open_capture
-from eagle3.engines.hidden_states.base import CaptureRequest, HiddenStateCapture
+from eagle3.engines.hidden_states.base import (
+    EXTRACTION_VERSION,
+    CaptureRequest,
+    HiddenStateCapture,
+    compute_dtype,
+    layer_ids,
+)
 from eagle3.engines.hidden_states.batching import length_sorted_batches
 from eagle3.errors import Eagle3Error
 from eagle3.files import read_json, staged_dir, write_json
@@ -38,7 +44,6 @@ from eagle3.params.train import TrainParams
 from eagle3.paths import STREAM_DIR, SYNTHETIC_MANIFEST
 from eagle3.precision import engine_device_type
 from eagle3.progress import progress
-from eagle3.stages.extract import EXTRACTION_VERSION, compute_dtype, layer_ids
 from eagle3.training.data import SCALE_SAMPLES, BatchPlan, measure_aux_scale
 from eagle3.training.distributed import Dist
 from eagle3.training.state_spool import ENGINE_SCRATCH, Producer, StateSpool, share_bytes

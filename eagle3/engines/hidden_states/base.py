@@ -14,8 +14,15 @@ from typing import Protocol
 import torch
 
 from eagle3.chat.token_layout import Sequence
+from eagle3.errors import Eagle3Error
 from eagle3.formats.provenance import Provenance
 from eagle3.params.extract import ExtractParams
+from eagle3.precision import engine_device_type, resolve
+
+# Bump when the same inputs and params give other shard bytes (2: length-sorted batches, zstd hash_log 10; 3: shards
+# planned per synthetic part; 4: a turn cut at max_tokens masked only through its generated tokens), so the run key
+# changes and shards made by older code are discarded, never mixed.
+EXTRACTION_VERSION = 4
 
 
 class HiddenStateCapture(Protocol):
@@ -46,3 +53,23 @@ class CaptureRequest:
     dtype: str
     # Whether the engine will be put to sleep between phases (streamed training); vLLM must know at start.
     sleep_mode: bool = False
+
+
+def layer_ids(config: ExtractParams, provenance: Provenance) -> tuple[int, ...]:
+    """The layers a capture stores for this verifier (vLLM numbering): extract.aux_layer_ids or vLLM's default, then
+    the final layer. Shared by extract, streamed training and preflight, so all three capture the same layers."""
+    layers = provenance.num_hidden_layers
+    aux = config.aux_layer_ids or provenance.default_aux_layer_ids
+    if max(aux) >= layers:
+        raise Eagle3Error(f"extract.aux_layer_ids: {aux} must be < {layers} (the verifier's layer count)")
+    if len(set(aux)) != len(aux):  # only the default can repeat one (params refuse it): (2, N//2, N-3) at N <= 7
+        raise Eagle3Error(
+            f"extract.aux_layer_ids: the verifier's default {list(aux)} ((2, N//2, N-3) at N = {layers}) repeats a "
+            "layer; set extract.aux_layer_ids to distinct layers"
+        )
+    return (*aux, layers)
+
+
+def compute_dtype(config: ExtractParams) -> str:
+    """extract.dtype resolved where the forward pass runs: both backends use the GPUs when there are any."""
+    return resolve(config.dtype, engine_device_type())
