@@ -152,6 +152,13 @@ def weight_index(model_dir: Path, fix: str) -> dict[str, str]:
     return index["weight_map"]
 
 
+def stored_dtype(config: dict[str, Any]) -> str | None:
+    """The dtype a checkpoint's config says its weights are stored in (`dtype` since transformers 4.56,
+    `torch_dtype` before); None where it says neither."""
+    value = config.get("dtype") or config.get("torch_dtype")
+    return str(value) if value else None
+
+
 def uses_mla(text: dict[str, Any]) -> bool:
     """Multi-head latent attention (DeepSeek-V3, Kimi-K2.5): its head counts and rope describe MLA, not a Llama
     layer, and vLLM runs it on backends of its own."""

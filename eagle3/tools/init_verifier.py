@@ -77,7 +77,8 @@ class Verifier:
 
 def read_verifier(directory: Path, name: str | None, license_id: str | None) -> Verifier:
     """The verifier in `directory`; Eagle3Error naming the flag for what its files do not say."""
-    from eagle3.formats.hf_config import read_config, text_config
+    from eagle3.formats.hf_config import read_config, stored_dtype, text_config
+    from eagle3.tools.plan_verifier import weight_file_bytes
 
     directory = directory.resolve()
     config = read_config(directory, "--verifier must be a Hugging Face model directory (config.json, weights)")
@@ -88,7 +89,7 @@ def read_verifier(directory: Path, name: str | None, license_id: str | None) -> 
             f"--verifier: {architecture} ({directory / 'config.json'}) is not among vLLM's verifiers that capture "
             f"EAGLE-3 states: {', '.join(EAGLE3_ARCHITECTURES)}"
         )
-    weights = float(sum(path.stat().st_size for path in directory.glob("*.safetensors")))
+    weights = weight_file_bytes(directory)
     if not weights:
         raise Eagle3Error(f"--verifier: {directory} has no *.safetensors: the weights size the GPUs they need")
     card = _front_matter(directory / "README.md")
@@ -106,18 +107,12 @@ def read_verifier(directory: Path, name: str | None, license_id: str | None) -> 
         license=str(license_id).lower(),
         architecture=architecture,
         text=text,
-        dtype=_stored_dtype(text) or _stored_dtype(config) or "bfloat16",
+        dtype=stored_dtype(text) or stored_dtype(config) or "bfloat16",
         weights_bytes=weights,
         thinking_switch=_thinking_switch(directory),
         sampling=_recommended_sampling(directory),
         remote_code="auto_map" in config,
     )
-
-
-def _stored_dtype(config: dict[str, Any]) -> str | None:
-    """config.json's dtype (`dtype` since transformers 4.56, `torch_dtype` before)."""
-    value = config.get("dtype") or config.get("torch_dtype")
-    return str(value) if value else None
 
 
 def _front_matter(readme: Path) -> dict[str, Any]:

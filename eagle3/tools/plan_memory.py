@@ -261,6 +261,7 @@ def _verifier_config(params: Any, root: Path) -> tuple[dict[str, Any] | None, fl
     from eagle3.formats.provenance import read_provenance, verifier_dir, verifier_location
     from eagle3.paths import PROVENANCE
     from eagle3.tools.plan_types import PRESETS
+    from eagle3.tools.plan_verifier import weight_file_bytes
 
     name = configured_verifier(params)
     preset = next((shape for shape in PRESETS.values() if shape.name == name), None)
@@ -276,7 +277,7 @@ def _verifier_config(params: Any, root: Path) -> tuple[dict[str, Any] | None, fl
                 config = text_config(read_config(directory))
             except Eagle3Error as exc:
                 return None, None, str(exc)
-            weights = float(sum(path.stat().st_size for path in directory.glob("*.safetensors")))
+            weights = weight_file_bytes(directory)
             if weights:
                 return config, weights, f"{name}'s config.json"
     if not (root / PROVENANCE).is_file() or read_provenance(root).name != name:
@@ -336,14 +337,14 @@ def check_gpu_memory(params: Any, path: Path) -> list[str]:
 
 def _stored_dtype(params: Any, root: Path) -> str | None:
     """The dtype the verifier's weights are stored in: the verifier stage's record, else its config.json's."""
+    from eagle3.formats.hf_config import read_config, stored_dtype
     from eagle3.formats.provenance import read_provenance, verifier_location
     from eagle3.paths import PROVENANCE
 
     if (root / PROVENANCE).is_file():
         return read_provenance(root).dtype
     directory, _ = verifier_location(root)
-    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    return config.get("dtype") or config.get("torch_dtype")
+    return stored_dtype(read_config(directory))
 
 
 def check_evaluate_memory(params: Any, path: Path) -> list[str]:

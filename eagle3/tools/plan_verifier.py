@@ -11,6 +11,11 @@ from eagle3.formats.hf_config import text_config
 from eagle3.tools.plan_types import GB, PRESETS, VerifierShape
 
 
+def weight_file_bytes(model_dir: Path) -> float:
+    """The size of the *.safetensors files in `model_dir` (what a copy moves; 0 where there are none)."""
+    return float(sum(path.stat().st_size for path in model_dir.glob("*.safetensors")))
+
+
 def verifier_shape(spec: str) -> VerifierShape:
     """A preset name, or a Hugging Face config.json (a multimodal one's `text_config` is used). The weights' size is
     that of the *.safetensors files beside it (what a copy moves), else model.safetensors.index.json's total; the
@@ -33,7 +38,7 @@ def verifier_shape(spec: str) -> VerifierShape:
             "num_hidden_layers and vocab_size"
         ) from None
     # What is on disk (tensors and their headers: what a copy moves), else the index's tensor bytes.
-    weights = float(sum(f.stat().st_size for f in path.parent.glob("*.safetensors"))) or None
+    weights = weight_file_bytes(path.parent) or None
     index = path.with_name("model.safetensors.index.json")
     if weights is None and index.is_file():
         try:
