@@ -91,6 +91,28 @@ def test_muon_holds_one_state_tensor_per_matrix_and_the_same_step(small):
     assert muon_step.weights == adamw.weights and abs(muon_step.step - adamw.step) <= 0.05 * adamw.step
 
 
+def test_newton_schulz_flops_are_what_a_muon_step_multiplies():
+    """The plan prices a Muon step by newton_schulz_flops: the matrix products torch.optim.Muon's step runs on the
+    train stage's draft, counted by torch's own FLOP counter (a wrong shape, transpose or iteration count differs)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from eagle3.modeling.draft import Eagle3Draft
+    from eagle3.training.optimizers import newton_schulz_flops
+
+    draft = Eagle3Draft(draft_config_for(SMALL, 300))
+    for param in draft.parameters():
+        param.grad = torch.ones_like(param)
+    optimizer = make_optimizer(draft, TrainParams(optimizer="muon"))
+    with FlopCounterMode(display=False) as counter:
+        optimizer.step()
+    assert counter.get_total_flops() == newton_schulz_flops(draft) > 0
+    adamw = make_optimizer(draft, TrainParams(optimizer="adamw"))
+    with FlopCounterMode(display=False) as counter:
+        adamw.step()
+    assert counter.get_total_flops() == 0
+
+
 def test_longest_within_is_the_longest_length_the_estimate_fits_from_any_start():
     estimator = Estimator(draft_config_for(SMALL, 300), TTT, "float32")
     length = 700

@@ -67,7 +67,21 @@ FLOPS = 2 * 32e9 + 2 * 61 * 16384 * 7168  # 78,327,742,464 per token
 EXTRACT_B200 = 8 * 2250e12 * 0.3 / FLOPS  # 68,941 tokens/s
 EXTRACT_H200_NVL = 8 * 836e12 * 0.3 / FLOPS  # 25,615 tokens/s
 TRAIN_B200 = 8 * 7134 * 2250 / 989  # 129,840 tokens/s
-TRAIN_S = 4 * TOKENS / TRAIN_B200  # 1,514 s
+
+
+def _newton_schulz(m: int, n: int) -> int:
+    """FLOPs of torch.optim.Muon's 5 iterations on an m x n update, m <= n: X Xᵀ, A², (bA + cA²) X."""
+    return 5 * (2 * m * m * n + 2 * m**3 + 2 * m * m * n)
+
+
+# The built-in optimizer, muon, orthogonalises each of the draft's matrices once per optimizer step on every GPU:
+# fc, q/k/v (64 heads x 128 over the embedding and the hidden state), o, and the MLP's three.
+NEWTON_SCHULZ = (
+    _newton_schulz(7168, 21504) + 3 * _newton_schulz(8192, 14336) + _newton_schulz(7168, 8192)
+) + 3 * _newton_schulz(7168, 18432)
+MUON_STEP_S = NEWTON_SCHULZ / (2250e12 * 0.5)  # 0.16 s at half of a B200's dense bf16 peak
+# 4 epochs of 3000 samples, 16 per optimizer step (the built-in batch size).
+TRAIN_S = 4 * TOKENS / TRAIN_B200 + 4 * 3000 / 16 * MUON_STEP_S  # 1,514 s + 120 s
 DRAFT = 10 * 7168**2 + 3 * 7168 * 18432 + 32000 * 7168  # 1,139,621,888
 CHECKPOINTS = DRAFT * 12 * 3
 # The draft the trainer actually builds for Kimi-K2.5: 64 heads x 128 (MLA), more than DRAFT's 10 H^2 assumes.
@@ -149,8 +163,9 @@ def test_seed_case_kimi(tmp_path):
     # Largest run: B and C are bound by the 18 h, A by the 3 TB here. Each is linear in samples: the rented time
     # without any (the fixed steps) plus a sample's shipping, extraction and training.
     fixed = EVERY_LAYOUT - TEXT / LINK + START
-    per_b = 16384 * (4 / LINK + 1 / EXTRACT_B200 + 4 / TRAIN_B200)  # rented seconds per sample
-    per_c = 16384 * (4 / LINK + 4 / EXTRACT_B200 + 4 / TRAIN_B200)  # the verifier's forward in every epoch
+    # rented seconds per sample, a 16th of an optimizer step in each epoch among them
+    per_b = 16384 * (4 / LINK + 1 / EXTRACT_B200 + 4 / TRAIN_B200) + 4 / 16 * MUON_STEP_S
+    per_c = 16384 * (4 / LINK + 4 / EXTRACT_B200 + 4 / TRAIN_B200) + 4 / 16 * MUON_STEP_S  # a forward every epoch
     largest = plan["largest_runs"]
     assert largest["A"]["samples"] == 3927 and largest["A"]["bounded_by"] == "disk here"
     assert largest["A"]["disk_there_bytes"] == pytest.approx(
@@ -158,32 +173,32 @@ def test_seed_case_kimi(tmp_path):
     )
     assert largest["B"]["limits"] == {
         "budget usd": math.floor((900 / USD_PER_S - fixed) / per_b),
-        "budget hours": math.floor((18 * 3600 - fixed) / per_b),  # 81,979
+        "budget hours": math.floor((18 * 3600 - fixed) / per_b),  # 77,789
         "disk here": math.floor(3e12 / 1.2 / (4 * 16384)),
     }
-    assert largest["B"]["bounded_by"] == "budget hours" and largest["B"]["samples"] == 81_979
-    assert largest["C"]["samples"] == math.floor((18 * 3600 - fixed) / per_c) == 41_822
+    assert largest["B"]["bounded_by"] == "budget hours" and largest["B"]["samples"] == 77_789
+    assert largest["C"]["samples"] == math.floor((18 * 3600 - fixed) / per_c) == 40_704
     assert largest["B"]["disk_there_bytes"] == pytest.approx(
-        (600e9 + CHECKPOINTS + 81_979 * 16384 * (4 + 57_344 / 1.476)) * 1.2
+        (600e9 + CHECKPOINTS + 77_789 * 16384 * (4 + 57_344 / 1.476)) * 1.2
     )
 
     disk, decision, budget, most = plan["answer"]
     assert most == (
         "Largest run within the given budgets and disks, in samples of this length: A 3,927 (disk here; the rented "
-        "machine's disk then needs 3.77 TB), B 81,979 (budget hours; the rented machine's disk then needs 63.39 TB), "
-        "C 41,822 (budget hours; the rented machine's disk then needs 849.3 GB)."
+        "machine's disk then needs 3.77 TB), B 77,789 (budget hours; the rented machine's disk then needs 60.19 TB), "
+        "C 40,704 (budget hours; the rented machine's disk then needs 849.2 GB)."
     )
-    assert largest["C"]["disk_there_bytes"] == pytest.approx((600e9 + CHECKPOINTS + 64e9 + 41_822 * 16384 * 4) * 1.2)
+    assert largest["C"]["disk_there_bytes"] == pytest.approx((600e9 + CHECKPOINTS + 64e9 + 40_704 * 16384 * 4) * 1.2)
     assert disk.startswith(
         "Disk: the rented machine needs 3.06 TB to extract there (B), 3.06 TB to receive shipped hidden states (A), "
         "or 846.3 GB to stream them (C, 64 GB of buffer)"
     )
     assert "here A needs 2.29 TB of 3 TB" in disk and "hardlink" in disk
     assert decision.startswith(
-        "Extract on the rented machine (B): 1.7 h rented, $68 (ship 1.91 TB over 4.00 Gbit/s (A): 2.5 h, $99; "
-        "stream there (C): 2.3 h, $92); between A and B, shipping is cheaper below 348 samples"
+        "Extract on the rented machine (B): 1.7 h rented, $70 (ship 1.91 TB over 4.00 Gbit/s (A): 2.5 h, $100; "
+        "stream there (C): 2.3 h, $93); between A and B, shipping is cheaper below 348 samples"
     )
-    assert budget == "Budget (B, training included): $68 is below $180-900; 1.7 h is below 6-18 h."
+    assert budget == "Budget (B, training included): $70 is below $180-900; 1.7 h is below 6-18 h."
     warnings = " ".join(plan["warnings"])
     assert "measured on HuggingFaceTB/SmolLM2-135M-Instruct's states, not moonshotai/Kimi-K2.5's" in warnings
     assert "cache.type hardlink,symlink" in warnings
@@ -425,7 +440,7 @@ def test_disk_limits_rule_layouts_out_down_to_streaming(tmp_path):
     assert tiny["scenarios"]["C"]["feasible"] and tiny["recommendation"] == "C"
     assert tiny["answer"][1].startswith(
         "Stream the hidden states on the rented machine, storing none (C, train.hidden_states: streamed): 2.3 h "
-        "rented, $92 (ship 1.91 TB over 4.00 Gbit/s (A) is ruled out: needs 3.06 TB there, more than its 1.00 TB; "
+        "rented, $93 (ship 1.91 TB over 4.00 Gbit/s (A) is ruled out: needs 3.06 TB there, more than its 1.00 TB; "
         "extract there (B) is ruled out: needs 3.06 TB there, more than its 1.00 TB)"
     )
     # With a buffer that does not fit either, nothing does, and the answer says how many samples would.

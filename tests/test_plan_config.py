@@ -30,13 +30,15 @@ CHANGED = {
     ("train", "draft_layout"): {"fc_norm": True, "norm_output": True},
     # A process's part of the token budget is one longest sample, as the flags' plan (no batches) assumes.
     ("train", "max_tokens_per_batch"): 4 * 24576,
+    ("train", "batch_size"): 32,
+    ("train", "optimizer"): "adamw",  # muon refuses fsdp
 }
 # The same values as flags.
 FLAGS = (
     "--samples", "2000", "--max-tokens", "24576", "--layers", "3", "--storage", "fp8-aux", "--epochs", "3",
     "--ttt-steps", "5", "--draft-vocab", "16000", "--keep-checkpoints", "4", "--stream-buffer-gb", "32",
     "--sharding", "fsdp", "--recompute", "mlp", "--gpus", "4", "--draft-layout", "norm_output,fc_norm",
-    "--gpu", "h200",
+    "--gpu", "h200", "--batch-size", "32", "--max-tokens-per-batch", "98304", "--optimizer", "adamw",
 )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ def _report(
     ttt_steps: int = 7,
     accelerators: int = 8,
     training_status: str = "ready",
+    optimizer: str = "muon",
 ) -> Path:
     def item(figures: dict, status: str = "ready") -> dict:
         return {"status": status, "verdict": "ready", "figures": figures, "how": {}, "seconds": 1.0}
@@ -43,7 +44,14 @@ def _report(
         "items": {
             "machine": item({"accelerator_count": accelerators}),
             "training": item(
-                {"device": "cuda:0", "tokens_per_s": 9000.0, "measured_tokens": 16384, "precision": "bfloat16"},
+                {
+                    "device": "cuda:0",
+                    "tokens_per_s": 9000.0,
+                    "measured_tokens": 16384,
+                    "precision": "bfloat16",
+                    "optimizer": optimizer,
+                    "optimizer_step_seconds": 0.25,
+                },
                 training_status,
             ),
             "extraction": item(
@@ -70,6 +78,16 @@ def train_memory_cache(tmp_path_factory):
         yield
 
 
+def test_an_optimizer_step_measured_with_another_optimizer_is_derived_instead(tmp_path):
+    there = _report(tmp_path / "there.json", optimizer="adamw")
+    plan = _plan(tmp_path, *SEED, "--preflight", str(there))
+    # muon's Newton-Schulz FLOPs for Kimi-K2.5's draft at half a B200's 2,250 TFLOP/s, not adamw's 0.25 s.
+    assert plan["rates"]["optimizer_step_s"] == pytest.approx(1.8e14 / (2250e12 * 0.5), rel=0.01)
+    assert plan["inputs"]["sources"]["optimizer_step"] == ""
+    adamw = _plan(tmp_path, *SEED, "--preflight", str(there), "--optimizer", "adamw")
+    assert adamw["rates"]["optimizer_step_s"] == 0.25
+
+
 def test_measured_figures_replace_the_derived_ones(tmp_path):
     there = _report(tmp_path / "there.json")
     plan = _plan(tmp_path, *SEED, "--preflight", str(there))
@@ -85,7 +103,9 @@ def test_measured_figures_replace_the_derived_ones(tmp_path):
     assert sources["compression_ratio"].startswith(measured) and "bf16-lossless" in sources["compression_ratio"]
     assert "disk 5 TB (free space at data/hidden, measured by preflight" in sources["there"]
     b = plan["scenarios"]["B"]
-    train_s = 4 * TOKENS / (8 * 9000)
+    # Training without its optimizer step, which preflight measured apart: 4 epochs x 3000 samples / 16 per step.
+    train_s = 4 * TOKENS / (8 * 9000) + 4 * 3000 / 16 * 0.25
+    assert rates["optimizer_step_s"] == 0.25 and sources["optimizer_step"] == f"{measured}: one muon step on one cuda:0"
     steps = {name: b["rented_steps_s"][name] for name in ("fetch_weights", "ship_text", "extract", "train")}
     start = 600e9 / 2e9 + 60  # the engine extraction starts on vLLM
     assert steps == pytest.approx(

@@ -49,7 +49,11 @@ Rates
     extract_tokens_per_s = gpus * gpu_tflops * 1e12 * mfu * share / flops_per_token  (share: 1 there; here, the
                           part of the GPUs extraction gets beside the server), unless given or measured
     train_tokens_per_s  = gpus_there * per_gpu, per_gpu = TRAIN_MEASURED.tokens_per_s * gpu_tflops / its tflops
-                          unless given; train = epochs * tokens / train_tokens_per_s
+                          unless given or measured by preflight (then without its optimizer step)
+    optimizer_step      = preflight's measured step of train.optimizer, else for muon its Newton-Schulz FLOPs
+                          (every matrix on every GPU under ddp) / (gpu_tflops * 1e12 * NEWTON_SCHULZ_MFU), else 0
+                          (AdamW's fused step is in the measured training rate)
+    samples_per_step    = train.batch_size, or max_tokens_per_batch / mean_tokens where fewer (at least 1)
     serve_here          = generate's measured completion tokens/s on this verifier, else given, else
                           SERVE_TOKENS_PER_S_PER_GPU * here gpus (an assumption the plan names)
     serve_there         = serve_here / here gpus / here tflops * there gpus * there tflops
@@ -71,6 +75,7 @@ owned machine). Each step's counted work (answers, turns, tokens, bytes, server 
            verifier_forward_all_epochs (C) = epochs * tokens / extract_there (+ server_start on vllm)
                                   (the verifier and the trainer share the GPUs, so their times add)
            train                = epochs * tokens / train_tokens_per_s
+                                  + epochs * samples / samples_per_step * optimizer_step
            offline_estimate     = held-out tokens read / train_tokens_per_s
            evaluate             = sum over configurations (each on its own server, one after the other):
                                   server_start + runs * turns * evaluate.max_tokens / serve_there
@@ -130,6 +135,8 @@ SERVER_LOAD_BYTES_PER_S = 2 * GB
 SERVER_WARMUP_S = 60
 # Output tokens/s a `vllm serve` of a large MoE verifier gives per GPU at a few hundred requests in flight.
 SERVE_TOKENS_PER_S_PER_GPU = 250.0
+# Muon's Newton-Schulz products (bf16, 7K-21K on a side for Kimi-K2.5's draft): their share of the GPU's dense peak.
+NEWTON_SCHULZ_MFU = 0.5
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,7 @@ class Rates:
     extract_there_tokens_per_s: float
     extract_here_tokens_per_s: float
     train_tokens_per_s: float
+    optimizer_step_s: float
     serve_here_tokens_per_s: float
     serve_there_tokens_per_s: float
     server_start_s: float
@@ -191,6 +199,12 @@ def extraction_rate(machine: Machine, mfu: float, share: float, flops_per_token:
 
 def train_rate_per_gpu(machine: Machine) -> float:
     return TRAIN_MEASURED.tokens_per_s * machine.tflops / GPUS[TRAIN_MEASURED.gpu].bf16_tflops
+
+
+def optimizer_step_seconds(inputs: Inputs) -> float:
+    if inputs.optimizer_step_s is not None:
+        return inputs.optimizer_step_s
+    return inputs.optimizer_step_flops / (inputs.there.tflops * 1e12 * NEWTON_SCHULZ_MFU)
 
 
 def compute_rates(inputs: Inputs) -> Rates:
@@ -209,6 +223,7 @@ def compute_rates(inputs: Inputs) -> Rates:
         extract_there_tokens_per_s=inputs.there_tokens_per_s or extraction_rate(there, mfu, 1.0, flops),
         extract_here_tokens_per_s=inputs.here_tokens_per_s or extraction_rate(here, mfu, inputs.here_share, flops),
         train_tokens_per_s=there.gpus * (inputs.train_tokens_per_s_per_gpu or train_rate_per_gpu(there)),
+        optimizer_step_s=optimizer_step_seconds(inputs),
         serve_here_tokens_per_s=serve_here,
         serve_there_tokens_per_s=serve_here / here.gpus / here.tflops * there.gpus * there.tflops,
         server_start_s=server_start,
@@ -449,16 +464,13 @@ def run_steps(inputs: Inputs, sizes: Sizes, rates: Rates, layout: str) -> list[S
         seconds = forward / rates.extract_there_tokens_per_s + starts
         steps.append(Step("there", name, seconds, words, counted, "extraction there"))
     trained = inputs.epochs * sizes.tokens
-    steps.append(
-        Step(
-            "there",
-            "train",
-            trained / rates.train_tokens_per_s,
-            f"{trained:,.0f} tokens ({inputs.epochs} epochs)",
-            {"tokens": trained},
-            "training there",
-        )
-    )
+    optimizer_steps = inputs.epochs * inputs.samples / inputs.samples_per_step
+    words, counted = f"{trained:,.0f} tokens ({inputs.epochs} epochs)", {"tokens": trained}
+    if rates.optimizer_step_s:
+        words += f"; {optimizer_steps:,.0f} {inputs.optimizer} steps of {rates.optimizer_step_s:.2f} s"
+        counted["optimizer_steps"] = optimizer_steps
+    seconds = trained / rates.train_tokens_per_s + optimizer_steps * rates.optimizer_step_s
+    steps.append(Step("there", "train", seconds, words, counted, "training there"))
     if work.held_out_tokens:
         steps.append(
             Step(

@@ -9,7 +9,14 @@ from typing import Any
 
 from eagle3.gpu_kinds import GPUS
 from eagle3.tools.configs import LAYOUT_KEYS
-from eagle3.tools.plan import CHECKPOINT_BYTES_PER_PARAM, TEXT_BYTES_PER_TOKEN, DiskNeed, Plan, compute
+from eagle3.tools.plan import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    NEWTON_SCHULZ_MFU,
+    TEXT_BYTES_PER_TOKEN,
+    DiskNeed,
+    Plan,
+    compute,
+)
 from eagle3.tools.plan_inputs import inputs_from_args
 from eagle3.tools.plan_types import Budget, dollars, duration, size, to_json
 
@@ -155,6 +162,17 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     return to_json(plan) | {"answer": answer(plan)}
 
 
+def _optimizer_step_source(inputs) -> str:
+    if inputs.sources.get("optimizer_step"):
+        return inputs.sources["optimizer_step"]
+    if not inputs.optimizer_step_flops:
+        return f"{inputs.optimizer}: its step is in the training rate"
+    return (
+        f"{inputs.optimizer}: {inputs.optimizer_step_flops:.3g} Newton-Schulz FLOPs on each GPU at "
+        f"{NEWTON_SCHULZ_MFU:g} of {inputs.there.tflops:g} TFLOP/s (assumption)"
+    )
+
+
 def _disk_cell(disk: DiskNeed) -> str:
     text = size(disk.bytes)
     if disk.budget_tb is None:
@@ -223,6 +241,7 @@ def render(plan: Plan) -> None:
         ("extraction there", f"{rates.extract_there_tokens_per_s:,.0f} tokens/s", sources["extract_there"]),
         ("extraction here", f"{rates.extract_here_tokens_per_s:,.0f} tokens/s", sources["extract_here"]),
         ("training there", f"{rates.train_tokens_per_s:,.0f} tokens/s", sources["train"]),
+        ("an optimizer step", f"{rates.optimizer_step_s:.2f} s", _optimizer_step_source(inputs)),
         ("serving here (generate)", f"{rates.serve_here_tokens_per_s:,.0f} tokens/s", sources["serve"]),
         ("serving there (evaluate)", f"{rates.serve_there_tokens_per_s:,.0f} tokens/s", sources["serve_there"]),
         ("a start of the verifier", duration(rates.server_start_s), sources["server_start"]),

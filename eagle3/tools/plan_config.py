@@ -1,7 +1,8 @@
 """What the project's configuration decides for `eagle3 plan`: every flag it answers (TTT steps, draft vocabulary,
 epochs, the longest sample, storage, layers captured, checkpoints kept, the stream buffer, sharding, recompute,
-processes) comes from the params file unless the flag is given, and each input's source is named beside it
-("params.yaml train.ttt_steps"). Without a params file the flags' built-in defaults apply, named as such.
+processes, the optimizer and the batches) comes from the params file unless the flag is given, and each input's
+source is named beside it ("params.yaml train.ttt_steps"). Without a params file the flags' built-in defaults
+apply, named as such.
 """
 
 import argparse
@@ -23,6 +24,9 @@ CONFIGURED: dict[str, tuple[str, Any]] = {
     "sharding": ("train.sharding", "ddp"),
     "draft_layout": ("train.draft_layout", ()),
     "recompute": ("train.activation_checkpointing", "off"),
+    "optimizer": ("train.optimizer", "muon"),
+    "batch_size": ("train.batch_size", 16),
+    "max_tokens_per_batch": ("train.max_tokens_per_batch", None),
     "gpus": ("train.launch", 8),
     "gpu": ("train.launch.gpu", "b200"),
 }
@@ -83,6 +87,10 @@ def apply(args: argparse.Namespace, params_path: Path) -> tuple[Configured, dict
             if default is not None:
                 setattr(args, flag, default)
             sources[flag] = f"default of {option}" + ("" if params is None else f" ({key} leaves it open)")
+    if sources["optimizer"].startswith("default") and args.sharding == "fsdp":
+        # What params accept: muon orthogonalises whole matrices, which fsdp splits.
+        args.optimizer = "adamw"
+        sources["optimizer"] = "default of --optimizer under --sharding fsdp"
     if params is None:
         return Configured(None, None, None), sources
     layout = "C" if params.train.hidden_states == "streamed" else "A or B"

@@ -165,6 +165,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"train.activation_checkpointing the memory check holds to ({_configured('recompute')})",
     )
     training.add_argument(
+        "--optimizer",
+        choices=["adamw", "muon"],
+        help=f"train.optimizer, for the training time and memory ({_configured('optimizer')})",
+    )
+    training.add_argument(
+        "--batch-size", type=int, help=f"sequences per optimizer step, over all GPUs ({_configured('batch_size')})"
+    )
+    training.add_argument(
+        "--max-tokens-per-batch",
+        type=int,
+        help=f"padded tokens per optimizer step, over all GPUs ({_configured('max_tokens_per_batch')})",
+    )
+    training.add_argument(
         "--keep-checkpoints", type=int, help=f"resumable checkpoints kept on disk ({_configured('keep_checkpoints')})"
     )
     training.add_argument(
@@ -233,7 +246,7 @@ POSITIVE = (
     "samples mean_tokens max_tokens layers bytes_per_element link_gbit link_efficiency weights_link_gbit "
     "extract_tokens_per_s gpus gpu_tflops mfu here_gpus here_share here_tokens_per_s train_tokens_per_s epochs "
     "draft_vocab keep_checkpoints stream_buffer_gb disk_tb here_disk_tb compression_ratio active_params weights_gb "
-    "probe_mb jobs ttt_steps serve_tokens_per_s server_start_min"
+    "probe_mb jobs ttt_steps serve_tokens_per_s server_start_min batch_size max_tokens_per_batch"
 ).split()
 
 
@@ -269,6 +282,8 @@ LIMITS = {
     "headroom": 100,
     "serve_tokens_per_s": 1e12,
     "server_start_min": 1e6,
+    "batch_size": 1e8,
+    "max_tokens_per_batch": 1e12,
 }
 
 
@@ -314,6 +329,13 @@ def validate_args(args: argparse.Namespace, configuration: dict[str, str] | None
         )
     _check_gpu("--gpu", args.gpu)
     _check_gpu("--here-gpu", args.here_gpu)
+    if args.optimizer == "muon" and args.sharding == "fsdp":
+        sources = configuration or {}
+        raise Eagle3Error(
+            f"optimizer muon ({sources.get('optimizer', '--optimizer')}) orthogonalises whole matrices, which "
+            f"sharding fsdp ({sources.get('sharding', '--sharding')}) splits over the GPUs: plan --optimizer adamw "
+            "or --sharding ddp"
+        )
     return CheckedArgs(
         max_tokens, parse_budget("--budget-usd", args.budget_usd), parse_budget("--budget-hours", args.budget_hours)
     )

@@ -18,7 +18,13 @@ from eagle3.tools.dvc_config import cache_option, usable_cache_link
 from eagle3.tools.plan_config import Configured
 from eagle3.tools.plan_config import apply as apply_configuration
 from eagle3.tools.plan_flags import positive, validate_args
-from eagle3.tools.plan_memory import TrainMemory, compute_train_memory, estimate, memory_warning
+from eagle3.tools.plan_memory import (
+    TrainMemory,
+    compute_train_memory,
+    estimate,
+    memory_warning,
+    newton_schulz_flops_for,
+)
 from eagle3.tools.plan_preflight import PreflightFigures, disk_words, preflights
 from eagle3.tools.plan_types import (
     CACHE_LINKS,
@@ -375,10 +381,20 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         "extract_there": extract_there,
         "extract_here": here_source,
         "train": _train_source(args, there, there_preflight),
+        "optimizer_step": there_preflight.sources.get("optimizer_step", ""),
         "train_memory": memory.source,
         "cache_link": cache.source,
         "link": link.source,
     }
+    optimizer_step_flops, unpriced = 0.0, []
+    if args.optimizer == "muon" and there_preflight.optimizer_step_s is None:
+        try:
+            optimizer_step_flops = newton_schulz_flops_for(verifier.config, args.draft_vocab, args.draft_layout)
+        except Eagle3Error as exc:
+            unpriced.append(f"optimizer muon: its Newton-Schulz step is not priced ({exc})")
+    samples_per_step = float(args.batch_size)
+    if args.max_tokens_per_batch is not None:
+        samples_per_step = min(samples_per_step, max(1.0, args.max_tokens_per_batch / args.mean_tokens))
     return Inputs(
         verifier=verifier,
         samples=args.samples,
@@ -401,6 +417,10 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         here_tokens_per_s=here_tokens_per_s,
         here_usd_per_hour=args.here_usd_per_hour,
         train_tokens_per_s_per_gpu=args.train_tokens_per_s or there_preflight.train_tokens_per_s_per_gpu,
+        optimizer=args.optimizer,
+        samples_per_step=samples_per_step,
+        optimizer_step_s=there_preflight.optimizer_step_s,
+        optimizer_step_flops=optimizer_step_flops,
         epochs=args.epochs,
         draft_vocab=args.draft_vocab,
         keep_checkpoints=args.keep_checkpoints,
@@ -422,6 +442,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         server_start_s=args.server_start_min * 60 if args.server_start_min is not None else None,
         warnings=there_preflight.warnings
         + here_preflight.warnings
+        + unpriced
         + collect_warnings(
             verifier,
             measured,

@@ -89,6 +89,21 @@ def _measure(
     return lines
 
 
+def newton_schulz_flops_for(config: dict[str, Any], draft_vocab: int, layout: tuple[str, ...]) -> float:
+    """FLOPs of one Muon step's orthogonalisation (eagle3/training/optimizers.py) for the draft the train stage
+    shapes for this verifier, built on the meta device (shapes only)."""
+    import torch
+
+    from eagle3.modeling.draft import Eagle3Draft
+    from eagle3.params.train import DraftLayout
+    from eagle3.training.memory import draft_config_for
+    from eagle3.training.optimizers import newton_schulz_flops
+
+    with torch.device("meta"):
+        draft = Eagle3Draft(draft_config_for(config, draft_vocab, DraftLayout(**dict.fromkeys(layout, True))))
+    return newton_schulz_flops(draft)
+
+
 def _cached(path: Path) -> dict[str, MemoryLine] | None:
     """The lines kept at `path`, in the settings' order; None where there are none (or not what _measure makes)."""
     try:

@@ -11,7 +11,7 @@ extract.storage (the ratio). A file that is not a preflight report is one error 
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,6 +32,8 @@ class PreflightFigures:
     """The figures one file gives the plan (None: not measured there, or refused), each with its source words."""
 
     train_tokens_per_s_per_gpu: float | None = None
+    # One optimizer step of the plan's train.optimizer, measured beside the training rate, which leaves it out.
+    optimizer_step_s: float | None = None
     extract_tokens_per_s: float | None = None
     compression_ratio: float | None = None
     disk_tb: float | None = None
@@ -74,6 +76,8 @@ class _TrainingFigures(_Part):
     device: Text | None = None
     measured_tokens: Annotated[int, Field(ge=1, lt=100_000_000)] | None = None
     precision: Text | None = None
+    optimizer: Literal["adamw", "muon"] | None = None
+    optimizer_step_seconds: Annotated[float, Field(ge=0, lt=1e6, allow_inf_nan=False)] | None = None
 
 
 _FIGURES = {
@@ -190,6 +194,7 @@ def figures_from(
     storage: str | None,
     draft_vocab: int,
     ttt_steps: int,
+    optimizer: str,
 ) -> PreflightFigures:
     """What `report` (read from `path`) gives the plan's machine `side` ("there" or "here"); `storage`: --storage
     (None: the report's own is taken)."""
@@ -242,6 +247,9 @@ def figures_from(
                 f"{where}: one {training.get('device')} at {training.get('measured_tokens'):,}-token samples, "
                 f"{training.get('precision')}"
             )
+            if training.get("optimizer") == optimizer and training.get("optimizer_step_seconds") is not None:
+                figures.optimizer_step_s = float(training["optimizer_step_seconds"])
+                figures.sources["optimizer_step"] = f"{where}: one {optimizer} step on one {training.get('device')}"
     return figures
 
 
@@ -270,7 +278,16 @@ def preflights(args: argparse.Namespace, verifier: VerifierShape) -> tuple[Prefl
             continue
         report = read_report(path, flag)
         figures = figures_from(
-            report, path, flag, side, verifier, args.verifier, args.storage, args.draft_vocab, args.ttt_steps
+            report,
+            path,
+            flag,
+            side,
+            verifier,
+            args.verifier,
+            args.storage,
+            args.draft_vocab,
+            args.ttt_steps,
+            args.optimizer,
         )
         warning = accelerator_warning(report, flag, path, gpus, GPUS[gpu].name)
         if warning:

@@ -190,6 +190,13 @@ class Inputs:
     here_tokens_per_s: float | None
     here_usd_per_hour: float
     train_tokens_per_s_per_gpu: float | None
+    # train.optimizer, the samples an optimizer step takes (train.batch_size, fewer where train.max_tokens_per_batch
+    # holds fewer of the mean length), one step's seconds as preflight measured it (None: derived from its FLOPs)
+    # and its FLOPs (Muon's Newton-Schulz; 0 for adamw, whose step the training rate includes).
+    optimizer: str
+    samples_per_step: float
+    optimizer_step_s: float | None
+    optimizer_step_flops: float
     epochs: int
     draft_vocab: int
     keep_checkpoints: int

@@ -112,10 +112,13 @@ def _device_memory(device) -> tuple[int | None, str]:
     return ram_bytes(), "this machine's RAM"
 
 
-def _steps(context: Context, config, tokens: int, recompute: str, precision: str, device) -> tuple[list[float], int]:
-    """Real train_step calls at batch 1 x `tokens`: the seconds of each (the first pays for warm-up) and the peak
-    bytes a step allocates on top of what exists before it (CUDA: the allocator's peak over the timed steps; CPU:
-    the live tensor storage of one more, untimed step, counted as eagle3/training/memory.py counts it)."""
+def _steps(
+    context: Context, config, tokens: int, recompute: str, precision: str, device
+) -> tuple[list[float], float, int]:
+    """Real train_step calls at batch 1 x `tokens`: the seconds of each (the first pays for warm-up), of one
+    optimizer step alone (a run takes one per batch of many samples, not one per sample) and the peak bytes a step
+    allocates on top of what exists before it (CUDA: the allocator's peak over the timed steps; CPU: the live
+    tensor storage of one more, untimed step, counted as eagle3/training/memory.py counts it)."""
     import torch
 
     from eagle3.training.distributed import Dist
@@ -139,14 +142,18 @@ def _steps(context: Context, config, tokens: int, recompute: str, precision: str
         train_step(objective, objective, optimizer, [batch], world, params.grad_clip, precision)
         sync()
         times.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    optimizer.step()  # on the last step's gradients: its cost does not depend on their values
+    sync()
+    optimizer_s = time.perf_counter() - started
     if device.type == "cuda":
-        return times, torch.cuda.max_memory_allocated(device) - before
+        return times, optimizer_s, torch.cuda.max_memory_allocated(device) - before
     optimizer.zero_grad(set_to_none=True)  # what train_step does first: the last gradients are not the step's
     states = [t for state in optimizer.state.values() for t in state.values()]
     existing = [*objective.parameters(), *objective.buffers(), *states, *batch.values()]
     with PeakBytes(existing) as meter:
         train_step(objective, objective, optimizer, [batch], world, params.grad_clip, precision)
-    return times, meter.peak
+    return times, optimizer_s, meter.peak
 
 
 def measure_training(context: Context, item: Item) -> None:
@@ -193,13 +200,15 @@ def measure_training(context: Context, item: Item) -> None:
                 f"a {tokens:,}-token sample needs ~{estimates[recompute] / GB:,.1f} GB with activation_checkpointing "
                 f"{recompute}, more than the {memory / GB:,.1f} GB here, and no usable length fits"
             )
-    times, peak = _steps(context, config, run_tokens, recompute, precision, device)
+    times, optimizer_s, peak = _steps(context, config, run_tokens, recompute, precision, device)
     step_s = sum(times[1:]) / len(times[1:])
     item.figures.update(
         measured_tokens=run_tokens,
         steps=len(times),
         step_seconds=round(step_s, 4),
-        tokens_per_s=round(run_tokens / step_s, 1),
+        optimizer=params.train.optimizer,
+        optimizer_step_seconds=round(optimizer_s, 4),
+        tokens_per_s=round(run_tokens / max(step_s - optimizer_s, 1e-9), 1),
         peak_bytes=peak,
         # The step at the configured length was estimated above; a shorter confirmed one is estimated here.
         estimated_step_bytes=steps[recompute].step
@@ -208,7 +217,8 @@ def measure_training(context: Context, item: Item) -> None:
     )
     item.how.update(
         tokens_per_s=f"eagle3/training/objective.py's train_step at batch 1 x {run_tokens} tokens, random weights, "
-        f"mean of steps 2..{len(times)} (the first warms up)",
+        f"mean of steps 2..{len(times)} (the first warms up), less optimizer_step_seconds (one optimizer step, "
+        "which a run takes per batch: the plan counts it per step)",
         peak_bytes="torch.cuda.max_memory_allocated above the memory before the steps"
         if device.type == "cuda"
         else "live tensor storage of one more real step above its weights, AdamW state and batch",

@@ -23,6 +23,9 @@ from eagle3.params.train import TrainParams
 # Per-parameter state each optimizer keeps, by the name a checkpoint stores it under (eagle3/formats/checkpoints.py):
 # AdamW's step count (a float32 scalar) and two moments; Muon's momentum.
 STATE_FIELDS = {"adamw": ("step", "exp_avg", "exp_avg_sq"), "muon": ("momentum_buffer",)}
+# Newton-Schulz iterations per Muon update: torch.optim.Muon's default, passed explicitly because the plan prices
+# them (newton_schulz_flops).
+NEWTON_SCHULZ_STEPS = 5
 
 
 def muon_matrices(draft: nn.Module) -> set[str]:
@@ -30,6 +33,19 @@ def muon_matrices(draft: nn.Module) -> set[str]:
     return {
         name for name, p in draft.named_parameters() if p.requires_grad and p.dim() == 2 and name != "lm_head.weight"
     }
+
+
+def newton_schulz_flops(draft: nn.Module) -> float:
+    """FLOPs of one Muon step's orthogonalisation over every matrix it updates, on each process (under ddp every
+    rank orthogonalises every matrix). Per iteration on an m x n matrix, m <= n (torch.optim.Muon transposes the
+    tall ones): X Xᵀ and the polynomial times X, 2m²n each, and the Gram matrix squared, 2m³."""
+    matrices = muon_matrices(draft)
+    total = 0.0
+    for name, param in draft.named_parameters():
+        if name in matrices:
+            m, n = sorted(param.shape)
+            total += NEWTON_SCHULZ_STEPS * (4 * m * m * n + 2 * m**3)
+    return total
 
 
 def make_optimizer(draft: nn.Module, config: TrainParams) -> "DraftOptimizer":
@@ -45,6 +61,7 @@ def make_optimizer(draft: nn.Module, config: TrainParams) -> "DraftOptimizer":
         momentum=0.95,
         nesterov=True,
         adjust_lr_fn="match_rms_adamw",
+        ns_steps=NEWTON_SCHULZ_STEPS,
     )
     rest = torch.optim.AdamW([p for name, p in trained if name not in matrices], **adamw, fused=True)
     return DraftOptimizer(muon, rest)
