@@ -559,9 +559,15 @@ def test_fuzzed_shards_read_back_exactly_or_raise_shard_error_within_bounded_mem
                 continue
             # Unresealed, the index is the valid one (its checksum holds), so positions are FUZZ_SAMPLES'.
             for position in range(len(reader)):
-                with _peak() as meter:
-                    (_expect_declared if resealed else _expect_original)(reader, position, written)
-                assert meter.bytes < 2 * _declared(reader, position) + FIXED_COSTS, (storage, trial, position)
+                bound = 2 * _declared(reader, position) + FIXED_COSTS
+                # The smaller of two measurements: tracemalloc also counts what another thread of this process (the
+                # test runner's) allocates meanwhile, never twice the same; a read's own allocations repeat.
+                peaks = []
+                while len(peaks) < 2 and (not peaks or peaks[0] >= bound):
+                    with _peak() as meter:
+                        (_expect_declared if resealed else _expect_original)(reader, position, written)
+                    peaks.append(meter.bytes)
+                assert min(peaks) < bound, (storage, trial, position, peaks)
                 reads += 1
             reader.close()
     # Both outcomes were exercised: files refused on opening, and records read (exactly, or refused).
