@@ -153,6 +153,9 @@ def check(args: argparse.Namespace, root: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eagle3.runner import report_missing_modules_in_one_line
+
+    report_missing_modules_in_one_line()
     guard_output()
     args, rest = build_parser().parse_known_args(argv)
     if args.command in STAGES:

@@ -20,21 +20,24 @@ from eagle3.params.loading import read_yaml, use_params_file, validate
 from eagle3.secret_filter import guard_output
 
 
-def _missing_module_in_one_line(kind, value, traceback) -> None:
-    """A module the environment lacks (a package removed from the venv, a broken install) is one line saying what to
-    run, wherever it is imported: stage modules are imported after this one (stages/<name>.py, eagle3/cli.py)."""
-    if issubclass(kind, ModuleNotFoundError):
-        print(
-            f"eagle3: error: module {value.name!r} is not installed in this environment ({sys.prefix}); run "
-            "`make setup`, which re-syncs the venv to the lock",
-            file=sys.stderr,
-        )
-        return
-    _previous_excepthook(kind, value, traceback)
+def report_missing_modules_in_one_line() -> None:
+    """From now on, a module the environment lacks (a package removed from the venv, a broken install) is one line
+    saying what to run, wherever it is imported. The entry points (stages/<name>.py, `eagle3`) call it before they
+    import any stage."""
+    previous = sys.excepthook
 
+    def one_line(kind, value, traceback) -> None:
+        if issubclass(kind, ModuleNotFoundError):
+            print(
+                f"eagle3: error: module {value.name!r} is not installed in this environment ({sys.prefix}); run "
+                "`make setup`, which re-syncs the venv to the lock",
+                file=sys.stderr,
+            )
+            return
+        previous(kind, value, traceback)
 
-_previous_excepthook = sys.excepthook
-sys.excepthook = _missing_module_in_one_line
+    sys.excepthook = one_line
+
 
 # Validates the whole params file before any stage starts (see eagle3/config.py); imported by name because no
 # stage output depends on it, so it is not among any stage's DVC deps.

@@ -2,8 +2,10 @@
 
 import sys
 
-from eagle3.runner import main
-from eagle3.stages import evaluate
+from eagle3.runner import main, report_missing_modules_in_one_line
+
+report_missing_modules_in_one_line()
+from eagle3.stages import evaluate  # noqa: E402 (after the hook: a missing package is one line)
 
 if __name__ == "__main__":
     sys.exit(main(evaluate))

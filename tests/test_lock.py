@@ -225,9 +225,10 @@ def test_a_venv_that_drifted_from_its_lock_is_re_synced_by_make_setup(tmp_path):
 
 
 def test_a_module_missing_from_the_venv_is_one_line_saying_what_to_run():
-    result = subprocess.run(
-        [sys.executable, "-c", "import eagle3.runner\nimport eagle3_no_such_module"], capture_output=True, text=True
-    )
+    # As an entry point does it; importing eagle3.runner alone changes nothing.
+    script = "import sys, eagle3.runner\nassert sys.excepthook is sys.__excepthook__\n"
+    script += "eagle3.runner.report_missing_modules_in_one_line()\nimport eagle3_no_such_module"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.strip() == (
         f"eagle3: error: module 'eagle3_no_such_module' is not installed in this environment ({sys.prefix}); run "
