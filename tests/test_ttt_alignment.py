@@ -24,18 +24,3 @@ def test_shifts_longer_than_the_sequence_are_all_zero_and_keep_trailing_dimensio
     states = torch.arange(24.0).reshape(1, 3, 8)
     assert not shift_left(states, 3).any() and not shift_left(states, 9).any()
     assert torch.equal(shift_left(states, 1)[0, :2], states[0, 1:]) and shift_left(states, 1).shape == (1, 3, 8)
-
-
-def test_served_counts_what_a_draft_started_inside_the_answer_predicts():
-    from eagle3.modeling.ttt_alignment import served
-
-    # [a b c d e f], the answer [c d e] then f (the next turn's first token, not an answer token).
-    answer = torch.tensor([[False, False, True, True, True, False]])
-    # Step 0: position 1 reads c (the verifier's prefill sampled it) and predicts d; position 2 reads d, predicts
-    # e. Predicting c from b (position 0) is the prefill's own, and predicting f after e is past the answer.
-    assert served(answer, answer, 0).tolist() == [[False, True, True, False, False, False]]
-    # Step 1 of a draft started at position 1: reads d, predicts e. One started at position 0 never exists.
-    assert served(answer, answer, 1).tolist() == [[False, True, False, False, False, False]]
-    # A predicted token outside the draft vocabulary (e) does not count.
-    in_vocab = answer & torch.tensor([[True, True, True, True, False, True]])
-    assert served(answer, in_vocab, 0).tolist() == [[False, True, False, False, False, False]]

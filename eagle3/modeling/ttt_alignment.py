@@ -3,7 +3,8 @@
 At draft step i (0-based) position t of a sequence
   - reads the token `input_offset(i)` = 1+i ahead: token t+1+i (vLLM: input ids shift left by one, and each
     later step appends the token drafted before it);
-  - predicts the token `target_offset(i)` = 2+i ahead: token t+2+i;
+  - predicts the token `target_offset(i)` = 2+i ahead: token t+2+i, which counts only where that token is an
+    answer token (the loss mask shifted by the same amount);
   - is scored against the verifier's output at position t+1+i (`verifier_offset(i)`): the verifier's output at
     position p is its distribution over token p+1.
 
@@ -11,13 +12,6 @@ Worked example, tokens [a b c d e] (T = 5), step 1: position 0 reads c, predicts
 output at position 2 (its guess for d); position 2 reads e, predicts the token after e, which the sequence does
 not hold, so position 2 and later do not count (the mask shifted left by 3 is zero from T-3 on). Step 0 of the
 same sequence: position 0 reads b and predicts c against the verifier's output at position 1.
-
-Which predictions count (`served`): those a served draft makes. vLLM drafts only after the verifier has sampled a
-token of the answer (the first comes from the prefill), so a draft starts at a position whose next token, the
-one step 0 reads, is an answer token, and its step i counts where the token it predicts is an answer token too
-(one the draft vocabulary holds). With the answer [c d e] of [a b c d e]: step 0 counts position 1 (reads c,
-predicts d) and 2 (reads d, predicts e); predicting c from b at position 0 is the verifier's own prefill, never
-drafted, and does not count.
 """
 
 import torch
@@ -33,12 +27,6 @@ def target_offset(step: int) -> int:
 
 def verifier_offset(step: int) -> int:
     return target_offset(step) - 1
-
-
-def served(answer: torch.Tensor, targets: torch.Tensor, step: int) -> torch.Tensor:
-    """Which positions draft step `step` learns from [B, T] (module docstring): the next token is in `answer` (the
-    loss mask) and the predicted one in `targets` (answer tokens the draft vocabulary holds)."""
-    return shift_left(answer, input_offset(0)) & shift_left(targets, target_offset(step))
 
 
 def shift_left(values: torch.Tensor, by: int) -> torch.Tensor:

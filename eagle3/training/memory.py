@@ -7,8 +7,8 @@ graph's included) is alive: on real tensors it is the CPU's missing allocator st
 `Estimator` builds the draft, the objective and the optimizer (train.optimizer) as the train stage does
 (eagle3/training/objective.py, eagle3/training/optimizers.py) on fake tensors, and runs the real `train_step` once,
 the optimizer's state already made as in every step after the first. The batch is made here: the loss mask leaves
-out the first ttt_steps + 1 positions of each sequence, so TTT step i counts T - ttt_steps - 2 - i positions per
-sequence and the one data-dependent op, `nonzero`, is answered with those counts (`KnownNonzero`).
+out the first ttt_steps + 1 positions of each sequence, so every TTT step counts the same T - ttt_steps - 1
+positions per sequence and the one data-dependent op, `nonzero`, is answered with that count (`KnownNonzero`).
 What one process holds at the step's peak (`StepMemory`):
 
     weights, optimizer   the draft's fp32 parameters and the optimizer's state (AdamW: two moments; muon: one
@@ -82,26 +82,24 @@ class PeakBytes(TorchDispatchMode):
 
 
 class KnownNonzero(TorchDispatchMode):
-    """Answers the objective's `nonzero` of each TTT step's [rows, tokens] mask, in step order, with that step's
-    `counts` positions per row: what the estimator's batch holds, which fake tensors cannot know."""
+    """Answers `nonzero` of a [rows, tokens] mask with `count` positions per row: what the estimator's batch
+    holds, which fake tensors cannot know."""
 
-    def __init__(self, rows: int, tokens: int, counts: list[int]):
+    def __init__(self, rows: int, tokens: int, count: int):
         super().__init__()
-        self.shape, self.counts, self.calls = (rows, tokens), counts, 0
+        self.shape, self.count = (rows, tokens), count
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.nonzero.default:
             if tuple(args[0].shape) != self.shape:
                 raise RuntimeError(f"nonzero of a {list(args[0].shape)} tensor: only the {list(self.shape)} masks")
-            count = self.counts[self.calls % len(self.counts)]
-            self.calls += 1
-            return torch.empty((self.shape[0] * count, 2), dtype=torch.int64, device=args[0].device)
+            return torch.empty((self.shape[0] * self.count, 2), dtype=torch.int64, device=args[0].device)
         return func(*args, **(kwargs or {}))
 
 
 def sample_batch(config: DraftConfig, rows: int, tokens: int, ttt_steps: int) -> dict[str, torch.Tensor]:
-    """A batch as the train stage's collate makes it, whose answer starts after ttt_steps + 1 prompt tokens and
-    runs to the end (counted_positions: what each TTT step counts); random ids and states."""
+    """A batch as the train stage's collate makes it, whose loss mask leaves out the first ttt_steps + 1 positions
+    (every TTT step then counts tokens - ttt_steps - 1 per sequence); random ids and states."""
     generator = torch.Generator().manual_seed(0)
     hidden, layers = config.hidden_size, len(config.aux_layer_ids)
     return {
@@ -112,11 +110,9 @@ def sample_batch(config: DraftConfig, rows: int, tokens: int, ttt_steps: int) ->
     }
 
 
-def counted_positions(tokens: int, ttt_steps: int) -> list[int]:
-    """Positions per sequence each TTT step counts in `sample_batch` (eagle3/modeling/ttt_alignment.py's
-    `served`): step i, those whose next token starts the answer or follows in it and whose predicted one, i + 2
-    ahead, is in the sequence."""
-    return [max(0, tokens - ttt_steps - 2 - step) for step in range(ttt_steps)]
+def counted_positions(tokens: int, ttt_steps: int) -> int:
+    """Positions per sequence each TTT step counts in `sample_batch`."""
+    return max(0, tokens - ttt_steps - 1)
 
 
 def make_objective_for(config: DraftConfig, ttt_steps: int, recompute: str, precision: str) -> Objective:
@@ -204,8 +200,8 @@ class Estimator:
             batch = sample_batch(self.config, rows, tokens, self.ttt_steps)
             self.objective.recompute = recompute
             existing = [*self.objective.parameters(), *self.objective.buffers(), *self.states, *batch.values()]
-            counts = counted_positions(tokens, self.ttt_steps)
-            with KnownNonzero(rows, tokens, counts), PeakBytes(existing) as meter:
+            count = counted_positions(tokens, self.ttt_steps)
+            with KnownNonzero(rows, tokens, count), PeakBytes(existing) as meter:
                 train_step(self.objective, self.objective, self.optimizer, [batch], Dist(), 1.0, self.precision)
         return _bytes(batch.values()), meter.peak
 

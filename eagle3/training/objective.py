@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from eagle3.formats.vocab import draft_to_target
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
-from eagle3.modeling.ttt_alignment import served, verifier_offset
+from eagle3.modeling.ttt_alignment import shift_left, target_offset, verifier_offset
 from eagle3.params.train import TrainParams
 from eagle3.precision import resolve
 from eagle3.training.distributed import Dist, gradient_sync
@@ -79,9 +79,8 @@ class Objective(nn.Module):
     @torch.no_grad()
     def counted(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """Per TTT step, which positions count [B, T]."""
-        answer = batch["loss_mask"]
-        targets = answer & self.t2d[batch["input_ids"]]
-        return [served(answer, targets, i) for i in range(self.steps)]
+        counts = batch["loss_mask"] & self.t2d[batch["input_ids"]]
+        return [shift_left(counts, target_offset(i)) for i in range(self.steps)]
 
     def forward(
         self,
