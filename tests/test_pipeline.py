@@ -27,15 +27,15 @@ def _run(root: Path, *command: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def reproduced() -> dict:
-    """The project test_repro_is_complete_idempotent_and_precise leaves, once it has passed (for the tests after it
-    in this file, which xdist runs on the same worker, in order)."""
-    return {}
-
-
-def test_repro_is_complete_idempotent_and_precise(tmp_path_factory, reproduced):
+def project(tmp_path_factory) -> Path:
+    """A git + DVC project of the embedded default, shared by this file's tests (xdist runs them on one worker)."""
     root = make_project(tmp_path_factory.mktemp("pipeline"))
     _run(root, "git", "init", "-q")
+    return root
+
+
+def test_repro_is_complete_idempotent_and_precise(project):
+    root = project
 
     # The data stages first: the checks of precise invalidation below re-run them, not the draft stages.
     ran_stages(_run(root, "dvc", "repro", "extract"), root, {"verifier", "prepare", "generate", "extract"})
@@ -113,15 +113,13 @@ def test_repro_is_complete_idempotent_and_precise(tmp_path_factory, reproduced):
     _run(root, "dvc", "checkout")
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
 
-    reproduced["root"] = root
-
 
 @pytest.mark.cpu_to_itself
-def test_running_servers_measure_what_the_engines_do(reproduced, tmp_path):
+def test_running_servers_measure_what_the_engines_do(project, tmp_path):
     """The same draft measured on running `vllm serve` endpoints; the project is left as it was."""
-    if "root" not in reproduced:
-        pytest.skip("needs the project test_repro_is_complete_idempotent_and_precise makes")
-    root = reproduced["root"]
+    root = project
+    # Nothing to do after the test above; on its own, this test reproduces the project first.
+    _run(root, "dvc", "repro")
     check_servers_match_in_process(root, tmp_path)
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
 
