@@ -160,13 +160,7 @@ def _fit(
     dataset: Any,
     vocab: dict,
 ) -> None:
-    if config.max_tokens_per_batch is None:
-        if config.batch_size % world.size:
-            raise Eagle3Error(
-                f"train.batch_size: {config.batch_size} must be a multiple of the number of processes ({world.size})"
-            )
-        if len(dataset) < config.batch_size:
-            raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {len(dataset)} training sequences")
+    check_batch_size(config, world.size, len(dataset))
     out = root / CHECKPOINT_DIR
     precision = training_precision(config, world.device)
     settings = run_settings(root, config, draft_config, provenance, precision, dataset)
@@ -176,9 +170,6 @@ def _fit(
     if world.main and not resume_or_reset(out, settings).kept:
         step("train: no checkpoint made with these settings; starting fresh")
     world.barrier()
-
-    verifier = load_verifier_tensors(verifier_dir(root))
-    draft = init_draft(draft_config, verifier, vocab["d2t"], config.seed, config.freeze_lm_head)
     plan = BatchPlan(
         dataset.lengths,
         config.batch_size,
@@ -189,13 +180,14 @@ def _fit(
         config.max_tokens_per_batch,
     )
     total = plan.total
-    collate = Collate.for_draft(draft_config)
-    streamed = isinstance(dataset, StreamedData)
     checkpoint = latest_checkpoint(out)
+    # Decided before the verifier's embedding and head (gigabytes at a large verifier's shape) are read.
     if checkpoint is not None and read_state(checkpoint).step >= total:
         if world.main:
             step(f"train: all {total} steps already done ({checkpoint.name})")
         return
+    verifier = load_verifier_tensors(verifier_dir(root))
+    draft = init_draft(draft_config, verifier, vocab["d2t"], config.seed, config.freeze_lm_head)
     # On the device and sharded before the optimizer is made on its parameters and their state is loaded.
     objective = make_objective(draft, verifier, vocab["d2t"], vocab["t2d"], config, precision).to(world.device)
     model = distribute(objective, world, config.sharding)
@@ -206,25 +198,7 @@ def _fit(
         if world.main:
             step(f"train: resuming from {checkpoint.name} ({start} of {total} steps done)")
     plan.start = start
-    # Page-locked batches let the copy to the GPU run asynchronously, overlapping the previous step.
-    pinned = world.device.type == "cuda"
-    if streamed:
-        # From the resumed step, as the producer counts its phases, and before any state is computed.
-        dataset.check_buffer(plan, collate.layers, collate.hidden, config)
-        scale = dataset.start(plan, config, collate.layers, collate.hidden, fresh=checkpoint is None)
-        loader: Any = dataset.batches(plan, collate, pinned)
-    else:
-        if checkpoint is None:
-            scale = measure_aux_scale(first_states(dataset), len(draft_config.aux_layer_ids))
-        workers = data_workers(config, world)
-        loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_sampler=plan,
-            collate_fn=collate,
-            num_workers=workers,
-            prefetch_factor=PREFETCH_BATCHES if workers else None,
-            pin_memory=pinned,
-        )
+    loader, scale = open_loader(config, world, dataset, plan, draft_config, fresh=checkpoint is None)
     if checkpoint is None and not draft_config.layout.normalises_aux:  # the draft's doc says why
         draft.aux_scale.copy_(scale)
     live = open_log(root, start if checkpoint is not None else None) if world.main else None
@@ -265,18 +239,60 @@ def _fit(
             bar.advance(task)
             # Not held while the next batch is awaited: a verifier waking between phases gets the GPU memory back.
             del micro, loaded, result
-    elapsed = time.monotonic() - started
     if live is not None:
-        tokens_done = window.tokens
-        live.summary["tokens_per_s_this_run"] = round(tokens_done / elapsed, 1) if elapsed > 0 else None
-        live.summary["total_steps"] = total
-        live.summary["train_sequences"] = len(dataset)
-        live.summary["precision"] = precision
-        live.summary["hidden_states"] = config.hidden_states
-        if streamed:
-            live.summary.update(dataset.summary())
-        live.make_summary()
-        step(
-            f"train: {total} steps, {tokens_done} padded tokens in {elapsed:.0f} s this run "
-            f"({tokens_done / max(elapsed, 1e-9):.0f} tok/s); checkpoints in {out}"
+        summarize(live, config, window.tokens, time.monotonic() - started, total, dataset, precision, out)
+
+
+def check_batch_size(config: TrainParams, processes: int, sequences: int) -> None:
+    """Without a token budget, each process takes batch_size / processes whole sequences of each batch."""
+    if config.max_tokens_per_batch is not None:
+        return
+    if config.batch_size % processes:
+        raise Eagle3Error(
+            f"train.batch_size: {config.batch_size} must be a multiple of the number of processes ({processes})"
         )
+    if sequences < config.batch_size:
+        raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {sequences} training sequences")
+
+
+def open_loader(
+    config: TrainParams, world: Dist, dataset: Any, plan: BatchPlan, draft_config: DraftConfig, fresh: bool
+) -> tuple[Any, torch.Tensor | None]:
+    """This process's batches from the plan's start, and (a fresh run) fc's input scale measured on the states."""
+    collate = Collate.for_draft(draft_config)
+    # Page-locked batches let the copy to the GPU run asynchronously, overlapping the previous step.
+    pinned = world.device.type == "cuda"
+    if isinstance(dataset, StreamedData):
+        # From the resumed step, as the producer counts its phases, and before any state is computed.
+        dataset.check_buffer(plan, collate.layers, collate.hidden, config)
+        scale = dataset.start(plan, config, collate.layers, collate.hidden, fresh=fresh)
+        return dataset.batches(plan, collate, pinned), scale
+    scale = measure_aux_scale(first_states(dataset), len(draft_config.aux_layer_ids)) if fresh else None
+    workers = data_workers(config, world)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=plan,
+        collate_fn=collate,
+        num_workers=workers,
+        prefetch_factor=PREFETCH_BATCHES if workers else None,
+        pin_memory=pinned,
+    )
+    return loader, scale
+
+
+def summarize(
+    live: Any, config: TrainParams, tokens: int, elapsed: float, total: int, dataset: Any, precision: str, out: Path
+) -> None:
+    """The run's summary in metrics/train/metrics.json, and on the console."""
+    live.summary["tokens_per_s_this_run"] = round(tokens / elapsed, 1) if elapsed > 0 else None
+    live.summary["total_steps"] = total
+    live.summary["train_sequences"] = len(dataset)
+    live.summary["precision"] = precision
+    live.summary["hidden_states"] = config.hidden_states
+    if isinstance(dataset, StreamedData):
+        live.summary.update(dataset.summary())
+    live.make_summary()
+    step(
+        f"train: {total} steps, {tokens} padded tokens in {elapsed:.0f} s this run "
+        f"({tokens / max(elapsed, 1e-9):.0f} tok/s); checkpoints in {out}"
+    )
