@@ -419,11 +419,18 @@ def check_draft(draft_dir: Path, verifier_dir: Path, trained: DraftLayout | None
         return problems + (
             [] if isinstance(config.get("intermediate_size"), int) else ["config intermediate_size is missing"]
         )
+    return problems + _tensor_problems(draft_dir, config, prefix, aux, layout)
 
+
+def _tensor_problems(
+    draft_dir: Path, config: dict[str, Any], prefix: str, aux: list[int] | None, layout: DraftLayout
+) -> list[str]:
+    """The safetensors file against the tensors a config of a consistent shape declares, and the vocab maps."""
     weights = draft_dir / WEIGHTS
     if not weights.is_file():
-        return problems + [f"{weights.name} is missing"]
-    expected = expected_tensors({**config, "draft_vocab_size": draft_vocab}, prefix, len(aux or [None] * 3), layout)
+        return [f"{weights.name} is missing"]
+    problems: list[str] = []
+    expected = expected_tensors(config, prefix, len(aux or [None] * 3), layout)
     headers = tensor_headers(weights, _DRAFT_FIX)
     for name, (shape, kind) in expected.items():
         if name not in headers:
