@@ -95,10 +95,12 @@ endef
 repro: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
 
-# Lint first: it takes a second and names the line, where a test failure would take minutes.
+# Lint first: seconds (a minute for the type check without its cache), and it names the line, where a test failure
+# would take minutes. The type check covers the packages pyproject.toml's [tool.mypy] lists.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Before the venv, so a machine that cannot run the tests says so at once.
 system-packages:

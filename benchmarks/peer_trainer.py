@@ -99,7 +99,7 @@ class Peer:
         self.verifier = read_config(root / VERIFIER_DIR)
         self.vocab_size = read_provenance(root).vocab_size
         self.data = scratch / "peer-data"
-        self.vocab = load_vocab(root, self.vocab_size)  # (d2t, t2d)
+        self.vocab = load_vocab(root, self.vocab_size)
         self.d2t_path, self.t2d_path, self.lengths = write_peer_data(root, self.data, *self.vocab)
         self.draft_vocab = len(self.vocab[0])
         self.layers = [int(i) for i in read_index(root)["layer_ids"][:-1]]

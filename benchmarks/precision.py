@@ -90,8 +90,8 @@ def training_step_seconds(root: Path, steps: int, rounds: int) -> tuple[dict[str
     for _ in range(rounds):
         for arm in ARMS:
             config = params.model_copy(update={"precision": arm})
-            draft = init_draft(draft_config, verifier, vocab["d2t"], config.seed)
-            objective = make_objective(draft, verifier, vocab["d2t"], vocab["t2d"], config, arm)
+            draft = init_draft(draft_config, verifier, vocab.d2t, config.seed)
+            objective = make_objective(draft, verifier, vocab.d2t, vocab.t2d, config, arm)
             totals[arm] += timed_steps(objective, make_optimizer(draft, config), batches, config)[0]
     padded = sum(batch["input_ids"].numel() for batch in batches) / len(batches)
     shape = (

@@ -16,7 +16,7 @@ import torch
 from eagle3.config import load_params
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import read_provenance, verifier_dir
-from eagle3.stages.train import build, first_states
+from eagle3.stages.train import build
 from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
 from eagle3.training.distributed import Dist
 from eagle3.training.objective import init_draft, make_objective, make_optimizer, training_precision
@@ -38,15 +38,15 @@ def main() -> None:
     draft_config, dataset, vocab = build(root, whole, provenance, Dist())
     collate = Collate.for_draft(draft_config)
     verifier = load_verifier_tensors(verifier_dir(root))
-    initial = init_draft(draft_config, verifier, vocab["d2t"], config.seed)
-    initial.aux_scale.copy_(measure_aux_scale(first_states(dataset), len(draft_config.aux_layer_ids)))
+    initial = init_draft(draft_config, verifier, vocab.d2t, config.seed)
+    initial.aux_scale.copy_(measure_aux_scale(dataset.first_states(), len(draft_config.aux_layer_ids)))
     lengths = dataset.lengths
     plan = list(BatchPlan(lengths, config.batch_size, config.epochs, config.seed))[: args.steps]
 
     def steps(batches) -> tuple[float, int]:
         draft = copy.deepcopy(initial)
         objective = make_objective(
-            draft, verifier, vocab["d2t"], vocab["t2d"], config, training_precision(config, torch.device("cpu"))
+            draft, verifier, vocab.d2t, vocab.t2d, config, training_precision(config, torch.device("cpu"))
         )
         return timed_steps(objective, make_optimizer(draft, config), batches, config)
 

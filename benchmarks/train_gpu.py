@@ -80,7 +80,7 @@ def measure(arm: str, config: DraftConfig, tokens: int, ttt_steps: int, device: 
         embed=torch.randn(config.vocab_size, hidden, dtype=torch.bfloat16) * 0.02,
         draft_lm_head=(torch.randn(config.draft_vocab_size, hidden) * 0.02).to(torch.bfloat16),
         t2d=torch.ones(config.vocab_size, dtype=torch.bool),  # every position counts: the costliest case
-        steps=ttt_steps,
+        ttt_steps=ttt_steps,
         step_weight=train.step_weight,
         recompute=recompute,
     ).to(device)

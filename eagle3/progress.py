@@ -27,7 +27,7 @@ def progress() -> Progress:
     )
 
 
-def step(message: str) -> None:
+def status(message: str) -> None:
     """A one-line status message for work that has no meaningful total."""
     console.print(f"[cyan]•[/cyan] {message}")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
-from eagle3.progress import step
+from eagle3.progress import status
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ class Slice:
         """True when no part is missing, so this run may write what spans every part; else says which parts other
         ranks still owe."""
         if missing:
-            step(
+            status(
                 f"{stage}: rank {self.rank}/{self.world_size} done; {len(missing)} parts still missing (other ranks): "
                 f"{missing[:4]}"
             )

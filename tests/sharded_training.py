@@ -9,7 +9,13 @@ from pathlib import Path
 
 import torch
 
-from eagle3.formats.checkpoints import checkpoint_bytes, latest_checkpoint, load_checkpoint, save_checkpoint
+from eagle3.formats.checkpoints import (
+    CheckpointState,
+    checkpoint_bytes,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from eagle3.params.train import TrainParams
 from eagle3.training.distributed import distribute, setup_distributed
 from eagle3.training.memory import draft_config_for, make_objective_for
@@ -59,7 +65,7 @@ def main() -> None:
         batch = {name: tensor[world.rank :: world.size] for name, tensor in global_batch(step).items()}
         result = train_step(model, objective, optimizer, [batch], world, 1.0, "float32")
         losses.append(float((world.all_sum(result.sums.clone()) / result.counts).sum()))
-        state = {"step": step + 1, "total_steps": steps, "run_key": "test", "draft_config": draft.config.to_json()}
+        state = CheckpointState(step=step + 1, total_steps=steps, run_key="test", draft_config=draft.config)
         save_checkpoint(out, draft, optimizer, state, keep=steps, write=world.main)
         world.wait_for_writer(checkpoint_bytes(draft, optimizer))
     if world.main:

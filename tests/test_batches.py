@@ -60,7 +60,9 @@ def test_processes_share_each_global_batch_and_resume_continues_it():
         whole = list(BatchPlan(sizes, 8, 2, seed=1, max_tokens=budget).global_batches())
         # One process: one micro-batch per step, the global batch itself.
         assert list(BatchPlan(sizes, 8, 2, seed=1, max_tokens=budget)) == whole
-        steps = [list(BatchPlan(sizes, 8, 2, seed=1, rank=r, world=3, max_tokens=budget).steps()) for r in range(3)]
+        steps = [
+            list(BatchPlan(sizes, 8, 2, seed=1, rank=r, world_size=3, max_tokens=budget).steps()) for r in range(3)
+        ]
         assert [len(s) for s in steps] == [len(whole)] * 3
         for step, batch in enumerate(whole):
             micro = [s[step] for s in steps]
@@ -80,12 +82,12 @@ def test_no_process_holds_more_than_its_part_of_the_token_budget():
     sizes = torch.full((9,), 18204)
     (batch,) = BatchPlan(sizes, 16, 1, seed=0, max_tokens=163840).global_batches()
     assert sorted(batch) == list(range(9))
-    steps = [next(BatchPlan(sizes, 16, 1, seed=0, rank=r, world=8, max_tokens=163840).steps()) for r in range(8)]
+    steps = [next(BatchPlan(sizes, 16, 1, seed=0, rank=r, world_size=8, max_tokens=163840).steps()) for r in range(8)]
     assert sorted(len([p for p in m if p]) for m in steps) == [1] * 7 + [2]
     assert all(len(m) == 2 and all(len(p) <= 1 for p in m) for m in steps)
     # Under a budget, shares by tokens, not by count: one long sample against many short ones.
     mixed = torch.tensor([16000, 2000, 2000, 2000, 2000, 2000, 2000, 2000, 2000])
-    shares = BatchPlan(mixed, 16, 1, seed=0, world=2, max_tokens=32000).shares(list(range(9)))
+    shares = BatchPlan(mixed, 16, 1, seed=0, world_size=2, max_tokens=32000).shares(list(range(9)))
     assert [int(mixed[s].sum()) for s in shares] == [16000, 16000]
 
 
@@ -103,7 +105,7 @@ def test_an_empty_share_is_a_zero_row_batch_that_gives_every_parameter_a_zero_gr
         embed=torch.randn(100, 32),
         draft_lm_head=torch.randn(40, 32),
         t2d=torch.ones(100, dtype=torch.bool),
-        steps=3,
+        ttt_steps=3,
         step_weight=0.8,
     )
     optimizer = make_optimizer(draft, TrainParams(learning_rate=0.1, weight_decay=0.0))

@@ -70,7 +70,7 @@ def test_offline_walk_decodes_each_answer_as_vllm_does():
     position 1 (input token 2): 2 leading matches accepted, the verifier adds token 5; from position 4 only token
     6 is left to check. The second answer's first draft (position 8) is rejected, the next (position 9) accepts
     its one checkable token."""
-    from eagle3.modeling.offline_estimate import _walk_answers
+    from eagle3.engines.offline_estimate import _walk_answers
 
     answer = [False, False, True, True, True, True, True, False, False, True, True, True]
     leading = [3, 2, 0, 0, 3, 3, 3, 3, 0, 3, 3, 3]
@@ -212,7 +212,7 @@ def test_the_probe_runs_on_the_engines_device():
 def test_verifier_greedy_tokens_in_chunks_equal_the_full_argmax():
     import torch
 
-    from eagle3.modeling.offline_estimate import greedy_tokens
+    from eagle3.engines.offline_estimate import greedy_tokens
 
     generator = torch.Generator().manual_seed(0)
     states, head = torch.randn(37, 16, generator=generator), torch.randn(500, 16, generator=generator)
@@ -223,7 +223,7 @@ def test_verifier_greedy_tokens_in_chunks_equal_the_full_argmax():
 
 _PEAK = """
 import resource, sys, torch
-from eagle3.modeling.offline_estimate import greedy_tokens
+from eagle3.engines.offline_estimate import greedy_tokens
 tokens, vocab = int(sys.argv[1]), int(sys.argv[2])
 states, head = torch.randn(tokens, 64), torch.randn(vocab, 64)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from eagle3.formats.checkpoints import load_checkpoint, save_checkpoint
+from eagle3.formats.checkpoints import CheckpointState, load_checkpoint, save_checkpoint
 from eagle3.modeling.attention import ttt_attention
 from eagle3.modeling.draft import DraftConfig
 from eagle3.modeling.reference_attention import reference_ttt_attention
@@ -113,7 +113,7 @@ def test_resume_on_cuda_is_bit_identical(tmp_path):
 
     first, optimizer = _fresh("off")
     _steps(first, optimizer, batch, 2)
-    state = {"step": 2, "total_steps": 4, "run_key": "gpu-test", "draft_config": _draft().to_json()}
+    state = CheckpointState(step=2, total_steps=4, run_key="gpu-test", draft_config=_draft())
     path = save_checkpoint(tmp_path, first.draft, optimizer, state, keep=1)
     resumed, optimizer = _fresh("off")
     load_checkpoint(path, resumed.draft, optimizer)
@@ -181,7 +181,7 @@ def test_nccl_fsdp2_and_a_checkpoint_round_trip_on_one_rank(tmp_path):
         optimizer = make_optimizer(sharded.draft, TrainParams())
         _steps(sharded, optimizer, batch, 2)
         assert all(isinstance(p, DTensor) for p in sharded.draft.parameters())
-        state = {"step": 2, "total_steps": 3, "run_key": "gpu-test", "draft_config": _draft().to_json()}
+        state = CheckpointState(step=2, total_steps=3, run_key="gpu-test", draft_config=_draft())
         path = save_checkpoint(tmp_path, sharded.draft, optimizer, state, keep=1)
         plain, plain_optimizer = _fresh("off")
         load_checkpoint(path, plain.draft, plain_optimizer)

@@ -153,7 +153,7 @@ def _objective(draft, recompute: str = "off") -> Objective:
         embed=torch.randn(100, 32, generator=torch.Generator().manual_seed(0)),
         draft_lm_head=torch.randn(40, 32, generator=torch.Generator().manual_seed(1)),
         t2d=t2d,
-        steps=4,
+        ttt_steps=4,
         step_weight=0.8,
         recompute=recompute,
     )
@@ -163,7 +163,7 @@ def plain_objective_loss(objective: Objective, batch, probs, masks, counts) -> t
     """The objective as the trainer computed it before: the quadratic reference attention, plain norms, one
     F.cross_entropy per TTT step."""
     draft = objective.draft
-    features = draft.unroll(batch["input_ids"], batch["aux"], objective.embed, objective.steps)
+    features = draft.unroll(batch["input_ids"], batch["aux"], objective.embed, objective.ttt_steps)
     flat = probs.view(-1, probs.shape[-1])
     loss = torch.zeros(())
     for i, (step_features, mask) in enumerate(zip(features, masks, strict=True)):

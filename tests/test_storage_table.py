@@ -3,16 +3,18 @@ agrees with it, so adding a storage is one row there."""
 
 import subprocess
 import sys
+from typing import get_args
 
 import pytest
 import torch
 
 from eagle3.formats.shards import FP8, decode_sample, encode_sample
-from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
+from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES, StorageName
 from eagle3.params.extract import ExtractParams
 
 
 def test_params_accept_exactly_the_tables_storages():
+    assert get_args(StorageName) == tuple(STORAGES)  # the options, written out for the type checker, are the table's
     for name in STORAGES:
         assert ExtractParams(storage=name).storage == name
     assert ExtractParams().storage == DEFAULT_STORAGE

@@ -16,7 +16,15 @@ from safetensors.torch import save_file
 from test_untrusted_shards import GIB, _zeros_frame
 
 from eagle3.errors import Eagle3Error
-from eagle3.formats.checkpoints import MODEL, OPTIMIZER, STATE, load_checkpoint, load_draft, save_checkpoint
+from eagle3.formats.checkpoints import (
+    MODEL,
+    OPTIMIZER,
+    STATE,
+    CheckpointState,
+    load_checkpoint,
+    load_draft,
+    save_checkpoint,
+)
 from eagle3.formats.extracted_parts import PartDone, read_done, write_done
 from eagle3.formats.shards import read_index
 from eagle3.formats.synthetic import read_part, write_part
@@ -180,7 +188,7 @@ def _checkpoint(out, config=CONFIG):
     optimizer = make_optimizer(draft, TrainParams())
     sum(p.sum() for p in draft.parameters()).backward()
     optimizer.step()
-    state = {"step": 3, "total_steps": 3, "run_key": "k" * 64, "draft_config": config.to_json()}
+    state = CheckpointState(step=3, total_steps=3, run_key="k" * 64, draft_config=config)
     return save_checkpoint(out, draft, optimizer, state, keep=1), draft
 
 

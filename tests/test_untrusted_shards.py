@@ -576,10 +576,10 @@ def test_fuzzed_shards_read_back_exactly_or_raise_shard_error_within_bounded_mem
 
 
 def test_a_shard_error_in_a_dataloader_worker_reaches_training_as_its_one_line(tmp_path):
-    """torch re-raises a worker's exception as its type holding the worker's traceback; training's `batches`
+    """torch re-raises a worker's exception as its type holding the worker's traceback; training's `loader_batches`
     gives back the error's own line (what the CLI prints), whichever process read the record."""
     from eagle3.formats.shards import HiddenStateDataset
-    from eagle3.training.data import batches
+    from eagle3.training.data import loader_batches
 
     path = _write(tmp_path / "shard.e3sh")
     change, _, _ = HOSTILE_RECORDS["head claims 2^31 tokens"]
@@ -590,7 +590,7 @@ def test_a_shard_error_in_a_dataloader_worker_reaches_training_as_its_one_line(t
     for workers in (0, 1):
         with pytest.raises(ShardError) as raw:
             list(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers))
-        assert ("Traceback" in str(raw.value)) == (workers == 1)  # the wrapping `batches` undoes
+        assert ("Traceback" in str(raw.value)) == (workers == 1)  # the wrapping `loader_batches` undoes
         with pytest.raises(ShardError) as caught:
-            list(batches(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)))
+            list(loader_batches(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)))
         assert str(caught.value) == str(direct.value)

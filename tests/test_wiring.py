@@ -164,6 +164,38 @@ def test_no_module_imports_itself_through_others():
     assert import_cycles(REPO) == []
 
 
+# The layers below the stages: what several stages share lives here, so editing one stage's orchestration never
+# makes another stage stale.
+LOWER_LAYERS = ("training", "modeling", "formats", "tools")
+
+
+def stage_imports_below_the_stages(root: Path) -> list[str]:
+    """`file: module` for each import of eagle3.stages (function-level ones included) in the lower layers."""
+    return [
+        f"{path.relative_to(root)}: {name}"
+        for layer in LOWER_LAYERS
+        for path in sorted((root / PACKAGE / layer).rglob("*.py"))
+        for name in sorted(imported_modules(path))
+        if name == "eagle3.stages" or name.startswith("eagle3.stages.")
+    ]
+
+
+def test_no_lower_layer_imports_a_stage():
+    assert stage_imports_below_the_stages(REPO) == []
+    train_deps = read_yaml(REPO / "dvc.yaml")["stages"]["train"]["deps"]
+    assert "eagle3/stages/train.py" in train_deps and "eagle3/stages/extract.py" not in train_deps
+
+
+def test_the_layer_check_finds_a_function_level_stage_import(tmp_path):
+    training = tmp_path / PACKAGE / "training"
+    training.mkdir(parents=True)
+    (training / "loop.py").write_text("def go():\n    from eagle3.stages.extract import layer_ids\n")
+    assert stage_imports_below_the_stages(tmp_path) == [
+        "eagle3/training/loop.py: eagle3.stages.extract",
+        "eagle3/training/loop.py: eagle3.stages.extract.layer_ids",
+    ]
+
+
 def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path):
     package = tmp_path / PACKAGE
     package.mkdir()

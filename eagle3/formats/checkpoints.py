@@ -106,10 +106,10 @@ def checkpoint_bytes(draft: Eagle3Draft, optimizer: CheckpointedOptimizer) -> in
 
 
 def save_checkpoint(
-    out: Path, draft: Eagle3Draft, optimizer: CheckpointedOptimizer, state: dict[str, Any], keep: int, write=True
+    out: Path, draft: Eagle3Draft, optimizer: CheckpointedOptimizer, state: CheckpointState, keep: int, write=True
 ) -> Path:
     """Every process calls it (sharded tensors are gathered); only where `write` is it written."""
-    final = out / f"step-{state['step']:07d}"
+    final = out / f"step-{state.step:07d}"
     model = {k: _whole(v) for k, v in draft.state_dict().items()}
     names = {id(p): n for n, p in draft.named_parameters()}
     tensors = {}
@@ -124,7 +124,7 @@ def save_checkpoint(
         partial.mkdir()
         save_file({k: v.contiguous() for k, v in model.items()}, str(partial / MODEL))
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial / OPTIMIZER))
-        write_json(partial / STATE, state)
+        write_json(partial / STATE, state.model_dump(mode="json"))
     for old in checkpoints(out)[:-keep]:
         shutil.rmtree(old)
     return final

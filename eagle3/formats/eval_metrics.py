@@ -136,7 +136,7 @@ class ContextBucket(_Record):
 
 class OfflineEstimate(_Record):
     """Expected tokens per verifier step from held-out hidden states and the exported draft
-    (eagle3/modeling/offline_estimate.py), beside vLLM's measured figure."""
+    (eagle3/engines/offline_estimate.py), beside vLLM's measured figure."""
 
     k: int
     heldout_tokens_read: NonNegativeInt

@@ -386,7 +386,7 @@ def check_draft(draft_dir: Path, verifier_dir: Path, trained: DraftLayout | None
     ]
     heads = config.get("num_attention_heads")
     kv_heads = config.get("num_key_value_heads", heads)
-    if not all(isinstance(n, int) and n > 0 for n in (heads, kv_heads)) or heads % kv_heads:
+    if not (isinstance(heads, int) and isinstance(kv_heads, int) and heads > 0 and kv_heads > 0) or heads % kv_heads:
         shape_problems.append(
             f"config num_key_value_heads {kv_heads!r} must be a positive divisor of num_attention_heads {heads!r}"
         )

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import Eagle3Error
-from eagle3.progress import step
+from eagle3.progress import status
 
 
 def load_pinned(dataset_id: str, config: str | None, revision: str, split: str, field: str) -> tuple[Any, dict]:
     """(the loaded split, its description for a card); errors name `field`, the params entry it came from."""
     import datasets
 
-    step(f"loading {dataset_id}@{revision[:12]} ({split}) with datasets {datasets.__version__}")
+    status(f"loading {dataset_id}@{revision[:12]} ({split}) with datasets {datasets.__version__}")
     try:
         dataset = datasets.load_dataset(dataset_id, config, revision=revision, split=split)
     except Exception as exc:  # datasets raises many unrelated types for "not reachable / not cached / no such split"

@@ -67,7 +67,7 @@ class _Header(BaseModel):
 
 
 @with_config(_STRICT)
-class _Entry(TypedDict):
+class IndexEntry(TypedDict):
     id: SampleId
     offset: Count
     length: Count
@@ -79,7 +79,7 @@ class _Entry(TypedDict):
 
 @with_config(_STRICT)
 class _Index(TypedDict):
-    samples: list[_Entry]
+    samples: list[IndexEntry]
 
 
 @with_config(_STRICT)
@@ -92,13 +92,13 @@ class _Listed(TypedDict):
 
 
 @with_config(_STRICT)
-class _HiddenIndex(TypedDict):
+class HiddenIndex(TypedDict):
     layer_ids: LayerIds
     hidden_size: HiddenSize
     splits: dict[str, list[_Listed]]
 
 
-_INDEX, _HIDDEN_INDEX = TypeAdapter(_Index), TypeAdapter(_HiddenIndex)
+_INDEX, _HIDDEN_INDEX = TypeAdapter(_Index), TypeAdapter(HiddenIndex)
 
 
 def _json(path: Path, data: bytes, what: str) -> dict[str, Any]:
@@ -141,7 +141,7 @@ def header_fields(path: Path, header: bytes, version: int) -> dict[str, Any]:
     }
 
 
-def index_entries(path: Path, index: bytes, records: tuple[int, int]) -> list[dict[str, Any]]:
+def index_entries(path: Path, index: bytes, records: tuple[int, int]) -> list[IndexEntry]:
     """A shard index's entries, each validated, lying back to back over `records` (start, end): the writer's
     layout, so that no entry points outside the file, into the header or index, or into another record."""
     try:
@@ -172,7 +172,7 @@ def index_entries(path: Path, index: bytes, records: tuple[int, int]) -> list[di
     return entries
 
 
-def hidden_index(path: Path, data: Any) -> dict[str, Any]:
+def hidden_index(path: Path, data: Any) -> HiddenIndex:
     """data/hidden/index.json (`write_index`), validated: its shard names stay inside their split's directory."""
     try:
         return _HIDDEN_INDEX.validate_python(data)
@@ -188,7 +188,7 @@ class Section:
     compressed: bool
 
 
-def section_sizes(storage: str, layers: int, tokens: int, width: int) -> list[tuple[str, bool, int]]:
+def section_sizes(storage: StorageName, layers: int, tokens: int, width: int) -> list[tuple[str, bool, int]]:
     """(name, zstd-compressed, bytes once decoded) of a record's six sections, in the order of the layout."""
     sizes = [("input ids", True, 4 * tokens), ("loss mask", True, -(-tokens // 8))]
     for role, count in (("aux", layers - 1), ("final", 1)):
@@ -201,7 +201,7 @@ def section_sizes(storage: str, layers: int, tokens: int, width: int) -> list[tu
 
 
 def record_sections(
-    record, storage: str, where: str, shape: tuple[int, int, int] | None
+    record, storage: StorageName, where: str, shape: tuple[int, int, int] | None
 ) -> tuple[tuple[int, int, int], list[Section]]:
     """A record's (layers, tokens, width) and sections, checked before anything is decoded: its head against
     `shape` (what the shard's header and index declare), the raw sections against the sizes the head implies,

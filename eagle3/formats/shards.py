@@ -88,6 +88,7 @@ from eagle3.files import open_held, partial_path, read_json, space_for, write_js
 from eagle3.formats.shard_checks import (
     RECORD_HEAD,
     REEXTRACT,
+    HiddenIndex,
     Section,
     ShardError,
     header_fields,
@@ -96,7 +97,7 @@ from eagle3.formats.shard_checks import (
     inflated,
     record_sections,
 )
-from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
+from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES, StorageName
 from eagle3.paths import HIDDEN_DIR, HIDDEN_INDEX
 
 # Version 3: the header's checksum in the prefix.
@@ -119,7 +120,7 @@ class ShardMeta:
     hidden_size: int
     tokenizer_sha256: str
     dtype: str = "bfloat16"
-    storage: str = DEFAULT_STORAGE
+    storage: StorageName = DEFAULT_STORAGE
 
 
 @dataclass
@@ -154,14 +155,14 @@ def _encode_role(states: torch.Tensor, encoding: str, compressor) -> list[Any]:
     if encoding == "bf16":
         # bf16 bit patterns as int16: the arithmetic shift's sign extension is cut off by the uint8 cast.
         bits = states.to(torch.bfloat16).contiguous().view(torch.int16).reshape(-1)
-        return [compressor.compress((bits >> 8).to(torch.uint8).numpy()), memoryview(bits.to(torch.uint8).numpy())]
+        return [compressor.compress((bits >> 8).to(torch.uint8).numpy()), bits.to(torch.uint8).numpy().data]
     dtype, largest_code = FP8[encoding]
     values = states.float()
     largest = values.abs().amax(-1, keepdim=True)
     scales = torch.where(largest > 0, largest / largest_code, torch.ones_like(largest))
     codes = (values / scales).to(dtype).view(torch.uint8)
     scale_bytes = scales.reshape(-1).numpy().astype("<f4").view(np.uint8)
-    return [memoryview(scale_bytes), compressor.compress(codes.reshape(-1).numpy())]
+    return [scale_bytes.data, compressor.compress(codes.reshape(-1).numpy())]
 
 
 def encode_sample(
@@ -169,7 +170,7 @@ def encode_sample(
     loss_mask: torch.Tensor,
     hidden: torch.Tensor,
     level: int = 1,
-    storage: str = DEFAULT_STORAGE,
+    storage: StorageName = DEFAULT_STORAGE,
 ) -> tuple[list[Any], int, int]:
     """A record as the buffers to write back to back (no joined copy), its total length and its xxh3-64."""
     layers, tokens, width = hidden.shape
@@ -181,8 +182,8 @@ def encode_sample(
     compressor = _compressor(level)
     aux, final = STORAGES[storage].aux, STORAGES[storage].final
     sections = [
-        compressor.compress(input_ids.to(torch.int32).numpy().astype("<i4", copy=False)),
-        compressor.compress(np.packbits(loss_mask.numpy().astype(bool))),
+        compressor.compress(input_ids.to(torch.int32).numpy().astype("<i4", copy=False).data),
+        compressor.compress(np.packbits(loss_mask.numpy().astype(bool)).data),
         *_encode_role(hidden[:-1], aux, compressor),
         *_encode_role(hidden[-1:], final, compressor),
     ]
@@ -223,7 +224,7 @@ def _decode_role(sections: list[Section], encoding: str, out: torch.Tensor, deco
 
 
 def decode_sample(
-    record, storage: str = DEFAULT_STORAGE, where: str = "record", shape: tuple[int, int, int] | None = None
+    record, storage: StorageName = DEFAULT_STORAGE, where: str = "record", shape: tuple[int, int, int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A record's (input ids, loss mask, hidden states), its layout checked first; `shape`: the (layers, tokens,
     width) its shard declares for it."""
@@ -239,7 +240,7 @@ def decode_sample(
 
 def decode_tokens(
     record,
-    storage: str = DEFAULT_STORAGE,
+    storage: StorageName = DEFAULT_STORAGE,
     decompressor=None,
     where: str = "record",
     shape: tuple[int, int, int] | None = None,
@@ -537,7 +538,7 @@ def write_index(out: Path, meta: ShardMeta, shards: dict[str, list[Path]]) -> di
     for split, paths in shards.items():
         for path in paths:
             reader = ShardReader(path)
-            entry = {
+            entry: dict[str, Any] = {
                 "shard": path.name,
                 "samples": len(reader),
                 "tokens": sum(e["tokens"] for e in reader.entries),
@@ -554,7 +555,7 @@ def write_index(out: Path, meta: ShardMeta, shards: dict[str, list[Path]]) -> di
     return totals
 
 
-def read_index(root: Path) -> dict[str, Any]:
+def read_index(root: Path) -> HiddenIndex:
     path = root / HIDDEN_INDEX
     return hidden_index(path, read_json(path, "run `dvc repro extract` (or `eagle3 extract`) first"))
 

@@ -26,12 +26,13 @@ class Storage:
     gain_over_lossless: float
 
 
-STORAGES: dict[str, Storage] = {
+# The valid values of extract.storage (and `eagle3 plan --storage`): the table's keys, in its order (a test holds
+# them equal; written out so that a type checker reads the options).
+StorageName = Literal["bf16-lossless", "fp8-aux", "fp8", "fp8-compact"]
+STORAGES: dict[StorageName, Storage] = {
     "bf16-lossless": Storage(aux="bf16", final="bf16", planning_ratio=1.4, gain_over_lossless=1.0),
     "fp8-aux": Storage(aux="e4m3", final="bf16", planning_ratio=1.9, gain_over_lossless=1.378),
     "fp8": Storage(aux="e4m3", final="e4m3", planning_ratio=2.2, gain_over_lossless=1.572),
     "fp8-compact": Storage(aux="e5m2", final="e4m3", planning_ratio=2.5, gain_over_lossless=1.774),
 }
-DEFAULT_STORAGE = "bf16-lossless"
-# The valid values of extract.storage (and `eagle3 plan --storage`), in the table's order.
-StorageName = Literal[tuple(STORAGES)]  # type: ignore[valid-type]
+DEFAULT_STORAGE: StorageName = "bf16-lossless"

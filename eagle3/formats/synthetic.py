@@ -70,7 +70,7 @@ class _Turn(TypedDict):
 
 
 @with_config(_STRICT)
-class _Record(TypedDict):
+class SyntheticRecord(TypedDict):
     id: Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,256}$")]
     source: str
     origin: str
@@ -87,7 +87,7 @@ class _Record(TypedDict):
     backend: str
 
 
-_RECORD = TypeAdapter(_Record)
+_RECORD = TypeAdapter(SyntheticRecord)
 
 
 def part_path(split_dir: Path, index: int) -> Path:
@@ -99,7 +99,7 @@ def write_part(path: Path, records: list[dict[str, Any]]) -> None:
     write_bytes(path, zstandard.ZstdCompressor(level=_LEVEL).compress(payload.encode("utf-8")))
 
 
-def read_part(path: Path) -> list[dict[str, Any]]:
+def read_part(path: Path) -> list[SyntheticRecord]:
     """A part's records, as `write_part` was given them; a part that is not one is one error naming it (and the
     record)."""
     fix = "delete it and rerun `eagle3 generate` to regenerate it"
@@ -149,7 +149,7 @@ def finished_parts(split_dir: Path) -> dict[int, Path]:
     return parts
 
 
-def iter_records(root: Path, split: str) -> Iterator[dict[str, Any]]:
+def iter_records(root: Path, split: str) -> Iterator[SyntheticRecord]:
     """Every record of a split, in prepared order."""
     parts = finished_parts(root / SYNTHETIC_DIR / split)
     for index in sorted(parts):
@@ -176,17 +176,17 @@ def generated_template_kwargs(root: Path) -> dict[str, Any]:
 
 
 @with_config(_STRICT)
-class _ManifestEntry(TypedDict):
+class ManifestEntry(TypedDict):
     # pydantic's regex engine (Rust's) ends `$` at the end of the text only: no trailing newline slips through.
     part: Annotated[str, Field(pattern=PART_PATTERN.pattern)]
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     records: _Count
 
 
-_MANIFEST = TypeAdapter(dict[str, list[_ManifestEntry]])
+_MANIFEST = TypeAdapter(dict[str, list[ManifestEntry]])
 
 
-def read_manifest(path: Path) -> dict[str, list[dict[str, Any]]]:
+def read_manifest(path: Path) -> dict[str, list[ManifestEntry]]:
     """generate's manifest, checked (it travels through remotes): every split's parts, each a part file name."""
     if not path.is_file():
         raise Eagle3Error(f"{path}: missing; run `dvc repro generate` first")

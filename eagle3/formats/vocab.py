@@ -11,6 +11,7 @@ them.
 """
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import save_file
@@ -23,13 +24,20 @@ from eagle3.paths import VOCAB_FILE
 _FIX = "rerun `eagle3 vocab` to rewrite it"
 
 
+class VocabMaps(NamedTuple):
+    """The draft vocabulary's two maps, as the module doc defines them."""
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
+
 def save_vocab(root: Path, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
     with atomic_path(root / VOCAB_FILE) as partial:
         save_file({"d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}, str(partial))
 
 
-def load_vocab(root: Path, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d2t, t2d) for a verifier of `vocab_size` tokens, checked as the module doc says."""
+def load_vocab(root: Path, vocab_size: int) -> VocabMaps:
+    """The maps for a verifier of `vocab_size` tokens, checked as the module doc says."""
     path = root / VOCAB_FILE
     if not path.is_file():
         raise Eagle3Error(f"{path}: missing; run `dvc repro vocab` (or `eagle3 vocab`) first")
@@ -39,7 +47,10 @@ def load_vocab(root: Path, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]
             f"{path}: d2t has shape {list(draft_shape)}, expected [draft vocab size] of 1 to the verifier's "
             f"{vocab_size} tokens; {_FIX}"
         )
-    expected = {"d2t": (draft_shape, torch.int64), "t2d": ((vocab_size,), torch.bool)}
+    expected: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+        "d2t": (draft_shape, torch.int64),
+        "t2d": ((vocab_size,), torch.bool),
+    }
     tensors = matching_tensors(path, expected, _FIX)
     d2t, t2d = tensors["d2t"], tensors["t2d"]
     targets = draft_to_target(d2t)
@@ -56,7 +67,7 @@ def load_vocab(root: Path, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]
         raise Eagle3Error(f"{path}: t2d does not mark target id {int(unmarked[0])}, which d2t maps to; {_FIX}")
     if int(t2d.sum()) != len(d2t):
         raise Eagle3Error(f"{path}: t2d marks {int(t2d.sum())} target ids, d2t maps {len(d2t)}; {_FIX}")
-    return d2t, t2d
+    return VocabMaps(d2t, t2d)
 
 
 def draft_to_target(d2t: torch.Tensor) -> torch.Tensor:

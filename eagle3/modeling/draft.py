@@ -304,6 +304,8 @@ class MidLayer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
+    aux_scale: torch.Tensor  # a buffer (see __init__)
+
     def __init__(self, config: DraftConfig):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -385,7 +387,7 @@ class Eagle3Draft(nn.Module):
         """The vLLM tensors: aux_scale folded into fc.weight, training-only buffers dropped."""
         state = {name: tensor.detach().float() for name, tensor in self.named_parameters()}
         if self.config.layout.normalises_aux:
-            if not bool((self.aux_scale == 1).all()):
+            if not bool(self.aux_scale.eq(1).all()):
                 raise ValueError("aux_scale must stay ones in a layout with an aux norm: it cannot be folded into fc")
         else:
             state["fc.weight"] = state["fc.weight"] / self.aux_scale.float()[None, :]

@@ -53,7 +53,7 @@ from eagle3.paths import (
     MODEL_CARD,
     VERIFIER_DIR,
 )
-from eagle3.progress import step
+from eagle3.progress import status
 from eagle3.publish import licenses, model_card
 from eagle3.publish.dvc_graph import (
     REPORT_STAGE,
@@ -222,7 +222,7 @@ def publish(config: ReportParams, export: ExportParams, root: Path) -> None:
     for name, text in outputs.items():
         write_text(root / name, text)
     headline = evaluation.headline
-    step(
+    status(
         f"lineage: {len(graph['artifacts'])} artifacts from {len(records)} stages, {len(decisions)} licensed inputs "
         f"({sum(1 for d in decisions if d['override_reason'])} by override); card: "
         f"{headline.tokens_per_step_greedy:.2f} tokens/step at k={headline.k}"
@@ -306,7 +306,7 @@ def check(root: Path) -> None:
             f"lineage check: {len(problems)} problem(s), the workspace is not what the lineage describes (listed above)"
         )
     unverified = f" ({len(absent)} output(s) not here, listed above)" if absent else ""
-    step(f"lineage check: {len(lock)} stages and every recorded hash match the workspace{unverified}")
+    status(f"lineage check: {len(lock)} stages and every recorded hash match the workspace{unverified}")
 
 
 def artifact_environments(root: Path, artifacts: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

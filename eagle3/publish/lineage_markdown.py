@@ -17,6 +17,28 @@ def _size(size: int | None) -> str:
     return ""
 
 
+def _licenses(lineage: dict[str, Any]) -> list[str]:
+    """The Licenses section: each input's license decision, sub-sources covered by their dataset's, and
+    overrides no input needs."""
+    out = ["", "## Licenses", "", "| input | name | license | class | terms | decision |", "|---|---|---|---|---|---|"]
+    for decision in lineage["licenses"]["decisions"]:
+        verdict = "allowed" if not decision["override_reason"] else f"override: {decision['override_reason']}"
+        out.append(
+            f"| {decision['kind']} | `{decision['name']}` | {decision['license']} | {decision['class']} | "
+            f"{decision['terms']} | {verdict} |"
+        )
+    unlicensed = [item["name"] for item in lineage["inputs"]["sub_sources"] if not item["license"]]
+    if unlicensed:
+        out += [
+            "",
+            "Sub-sources without a license of their own (covered by their dataset's): "
+            f"{', '.join(f'`{n}`' for n in unlicensed)}.",
+        ]
+    if lineage["licenses"]["unused_overrides"]:
+        out += ["", f"Overrides no input needs: {', '.join(lineage['licenses']['unused_overrides'])}."]
+    return out
+
+
 def render_markdown(lineage: dict[str, Any]) -> str:
     code, inputs, verifier = lineage["code"], lineage["inputs"], lineage["inputs"]["verifier"]
     out = [
@@ -37,22 +59,7 @@ def render_markdown(lineage: dict[str, Any]) -> str:
     ]
     for remote in lineage["remotes"]:
         out.append(f"- DVC remote `{remote['name']}`{' (default)' if remote['default'] else ''}: `{remote['url']}`")
-    out += ["", "## Licenses", "", "| input | name | license | class | terms | decision |", "|---|---|---|---|---|---|"]
-    for decision in lineage["licenses"]["decisions"]:
-        verdict = "allowed" if not decision["override_reason"] else f"override: {decision['override_reason']}"
-        out.append(
-            f"| {decision['kind']} | `{decision['name']}` | {decision['license']} | {decision['class']} | "
-            f"{decision['terms']} | {verdict} |"
-        )
-    unlicensed = [item["name"] for item in inputs["sub_sources"] if not item["license"]]
-    if unlicensed:
-        out += [
-            "",
-            "Sub-sources without a license of their own (covered by their dataset's): "
-            f"{', '.join(f'`{n}`' for n in unlicensed)}.",
-        ]
-    if lineage["licenses"]["unused_overrides"]:
-        out += ["", f"Overrides no input needs: {', '.join(lineage['licenses']['unused_overrides'])}."]
+    out += _licenses(lineage)
     out += [
         "",
         "## External inputs",

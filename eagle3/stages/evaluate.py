@@ -18,7 +18,7 @@ Exactness is expected only in float32 (the CPU default); in bf16, verifying k+1 
 from decoding one and near-tied greedy tokens flip, so there it is a measured agreement (`lossless` in the metrics).
 Output tokens/s is wall time on this machine: on CPU, speculation is usually slower in wall time.
 
-Offline estimate: eagle3/modeling/offline_estimate.py.
+Offline estimate: eagle3/engines/offline_estimate.py.
 
 Prompt sets: the held-out split from prepare (first user turn; the stage refuses to run if any of them is also a
 training prompt) and each benchmark of data/benchmarks (stage `benchmarks`: MT-bench, HumanEval, ...). One engine
@@ -34,6 +34,7 @@ sets by prompt tokens.
 import hashlib
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from eagle3.chat.reasoning import render
 from eagle3.chat.sequence_plan import load_tokenizer
 from eagle3.engines.acceptance import run_record, summarize, units_by_category, units_by_set
 from eagle3.engines.measurers import EngineMeasurer, ServerMeasurer, measured_dtype, mla_in_vllm
+from eagle3.engines.offline_estimate import offline_estimate
 from eagle3.engines.turn_by_turn import ask_turn_by_turn
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
@@ -52,11 +54,10 @@ from eagle3.formats.evaluation_kept import OFFLINE_ESTIMATE, KeptEvaluation, Kep
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
 from eagle3.formats.synthetic import generated_template_kwargs, iter_records
 from eagle3.hashing import sha256_bytes, sha256_file
-from eagle3.modeling.offline_estimate import offline_estimate
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.evaluate import EvaluateParams
 from eagle3.paths import DRAFT_DIR, EVAL_METRICS, EVALUATION_KEPT_DIR, HIDDEN_INDEX
-from eagle3.progress import step
+from eagle3.progress import status
 from eagle3.publish.evaluation_plots import find_run, pick_run, results_by_set, write_benchmark_plots, write_plots
 
 # Runs on the GPUs where there are any: refused where nvidia-smi lists GPUs that torch cannot see (eagle3/runner.py).
@@ -193,20 +194,37 @@ def _offline(root: Path, config: EvaluateParams, kept: KeptEvaluation, provenanc
     }
     item = kept.item(OFFLINE_ESTIMATE, settings)
     if item.done is None:
-        step(f"evaluate: offline estimate at k={config.headline_k} from held-out hidden states")
+        status(f"evaluate: offline estimate at k={config.headline_k} from held-out hidden states")
         item.finish(offline_estimate(root, config.headline_k, config.offline))
     return item.done
+
+
+def exported_draft_sha256(root: Path) -> str:
+    """What identifies the draft a kept measurement was made with."""
+    draft_dir = root / DRAFT_DIR
+    if not (draft_dir / "config.json").is_file():
+        raise Eagle3Error(f"{draft_dir}: no exported draft; run `dvc repro export` (or `eagle3 export`) first")
+    return sha256_bytes(
+        "\n".join(_file_sha256(draft_dir / name) for name in ("config.json", "model.safetensors")).encode()
+    )
+
+
+def selected_items(options: Any, names: Iterable[str]) -> set[str] | None:
+    """`evaluate --only`'s items, each one these params measure; None: all of them."""
+    only = set(getattr(options, "only", None) or []) or None
+    unknown = sorted((only or set()) - set(names) - {OFFLINE_ESTIMATE})
+    if unknown:
+        raise Eagle3Error(
+            f"evaluate --only: {', '.join(unknown)} is not measured by these params; one of "
+            f"{', '.join([*names, OFFLINE_ESTIMATE])}"
+        )
+    return only
 
 
 def run(params: Params, root: Path, options=None) -> None:
     config = params.evaluate
     provenance = read_provenance(root)
-    draft_dir = root / DRAFT_DIR
-    if not (draft_dir / "config.json").is_file():
-        raise Eagle3Error(f"{draft_dir}: no exported draft; run `dvc repro export` (or `eagle3 export`) first")
-    draft = sha256_bytes(
-        "\n".join(_file_sha256(draft_dir / name) for name in ("config.json", "model.safetensors")).encode()
-    )
+    draft = exported_draft_sha256(root)
     heldout, *benchmark_sets = prompt_sets(root, config)
     # Asked as generate asked for the training answers (e.g. a template's thinking switch).
     template_kwargs = generated_template_kwargs(root)
@@ -215,13 +233,7 @@ def run(params: Params, root: Path, options=None) -> None:
     conversations = [c for prompt_set in sets for c in prompt_set.conversations]
     configurations = config.configurations()
     names = {item_name(method, k): (method, k) for method, k in configurations}
-    only = set(getattr(options, "only", None) or []) or None
-    unknown = sorted((only or set()) - set(names) - {OFFLINE_ESTIMATE})
-    if unknown:
-        raise Eagle3Error(
-            f"evaluate --only: {', '.join(unknown)} is not measured by these params; one of "
-            f"{', '.join([*names, OFFLINE_ESTIMATE])}"
-        )
+    only = selected_items(options, names)
     kept = KeptEvaluation(root / EVALUATION_KEPT_DIR)
     started = time.monotonic()
     # First, while no server holds the GPU where the runbook runs it alone.
@@ -257,7 +269,7 @@ def run(params: Params, root: Path, options=None) -> None:
                 answers = _answers(conversations, _kept_reference(item, config, conversations))
             continue
         where = "" if item.done is not None else measurer_for().where(method, k)
-        step(
+        status(
             f"evaluate: run {number}/{len(configurations)}: {method}"
             + (f" k={k}" if k else "")
             + f" on {turns} turns of {len(conversations)} prompts in {len(sets)} sets{where}"
@@ -268,7 +280,7 @@ def run(params: Params, root: Path, options=None) -> None:
             answers = _answers(conversations, outcomes[0]["completions"])
         measured.append((method, k, outcomes, item.done))
     if only is not None:
-        step(
+        status(
             f"evaluate: kept {', '.join(sorted(only))} in {EVALUATION_KEPT_DIR}; the stage's next run (`dvc repro "
             "evaluate`) measures the rest and writes the metrics"
         )
@@ -373,18 +385,18 @@ def write_metrics(
     write_plots(root, runs, config)
     write_benchmark_plots(root, results_by_set(runs, by_set), k)
     ngram_words = f" vs {headline['ngram_tokens_per_step_greedy']} with ngram" if ngram_greedy else ""
-    step(
+    status(
         f"evaluate: k={k} greedy: {headline['tokens_per_step_greedy']} tokens per verifier step with the draft"
         f"{ngram_words}; lossless {headline['lossless_greedy'] or 'not measured (no reference run)'}; "
         f"offline estimate {offline['tokens_per_step']}"
     )
     for name, figures_at_k in headline["benchmarks"].items():
-        step(f"evaluate: {name}: {figures_at_k}")
+        status(f"evaluate: {name}: {figures_at_k}")
     by_context = ", ".join(
         f"{b['from_tokens']}-{b['to_tokens']}: {b['tokens_per_step']} ({b['completions']} turns)"
         for b in draft_greedy["all_sets_by_context"]
     )
-    step(f"evaluate: k={k} greedy, tokens per verifier step by prompt tokens, every set: {by_context}")
+    status(f"evaluate: k={k} greedy, tokens per verifier step by prompt tokens, every set: {by_context}")
 
 
 def _environment(config: EvaluateParams, records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from eagle3.params.base import StageParams
 from eagle3.params.export import ExportParams
 from eagle3.params.train import TrainParams
 from eagle3.paths import CHECKPOINT_DIR, DRAFT_DIR, SPECULATORS_DRAFT_DIR
-from eagle3.progress import step
+from eagle3.progress import status
 
 
 class Params(StageParams):
@@ -55,7 +55,7 @@ def run(params: Params, root: Path, options=None) -> None:
     )
     for directory in (root / DRAFT_DIR, root / SPECULATORS_DRAFT_DIR):
         validate_draft(directory, verifier_dir(root), draft.config.layout)
-    step(
+    status(
         f"export: {checkpoint.name} -> {DRAFT_DIR} (vLLM EAGLE-3) and {SPECULATORS_DRAFT_DIR} (speculators); "
         f"aux layers {list(draft.config.aux_layer_ids)}, draft vocab {draft.config.draft_vocab_size}"
     )

@@ -60,7 +60,7 @@ from eagle3.hashing import sha256_file
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.extract import ExtractParams
 from eagle3.paths import EXTRACT_METRICS, HIDDEN_DIR, SYNTHETIC_MANIFEST, VLLM_SPOOL
-from eagle3.progress import progress, step
+from eagle3.progress import progress, status
 from eagle3.resume import measured_run, resume_or_reset
 from eagle3.scale_out import Slice
 from eagle3.scale_out import add_arguments as add_arguments  # the runner gives this stage --rank / --world-size
@@ -125,7 +125,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
             ranks.environment(tensor_parallel_size=tensor_parallel, compute_dtype=dtype)
         )
     if not resume_or_reset(out, settings).kept:
-        step("extract: no finished shards made with these settings; starting fresh")
+        status("extract: no finished shards made with these settings; starting fresh")
 
     parts = synthetic_parts(root, config.splits)
     todo = [part for part in parts if ranks.owns(part.index) and not _is_done(out, part)]
@@ -134,7 +134,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     spool = root / VLLM_SPOOL / f"rank{ranks.rank}"
     shutil.rmtree(spool, ignore_errors=True)
     if todo:
-        step(
+        status(
             f"extract: {len(todo)} of {len(parts)} parts to do (rank {ranks.rank}/{ranks.world_size}), layers "
             f"{list(meta.layer_ids)}, backend {config.backend}"
         )
@@ -346,7 +346,7 @@ def _write_index_and_metrics(
         ),
     }
     write_json(root / EXTRACT_METRICS, metrics)
-    step(
+    status(
         f"extracted {metrics['samples']} sequences, {metrics['tokens']} tokens: {metrics['bytes_on_disk'] / 2**20:.1f} "
         "MiB "
         f"({metrics['compression_ratio']}x smaller than raw); "

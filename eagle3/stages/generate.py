@@ -36,7 +36,7 @@ from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.generate import GenerateParams
 from eagle3.paths import GENERATE_METRICS, SYNTHETIC_DIR
 from eagle3.precision import engine_device_type, resolve
-from eagle3.progress import progress, step
+from eagle3.progress import progress, status
 from eagle3.resume import measured_run, resume_or_reset
 from eagle3.scale_out import Slice
 from eagle3.scale_out import add_arguments as add_arguments  # the runner gives this stage --rank / --world-size
@@ -59,7 +59,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     dtype = compute_dtype(config)
     environment = ranks.environment(tensor_parallel_size=tensor_parallel, compute_dtype=dtype)
     if not resume_or_reset(out, run_settings(config, provenance, root, environment)).kept:
-        step("generate: no finished parts made with these settings; starting fresh")
+        status("generate: no finished parts made with these settings; starting fresh")
 
     total_parts = {split: -(-len(split_rows) // config.chunk_size) for split, split_rows in rows.items()}
     finished = {split: finished_parts(out / split) for split in config.splits}
@@ -83,7 +83,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     stats = Counter()
     elapsed = 0.0
     if todo:
-        step(f"generate: {len(todo)} parts to make with the {config.backend} backend ({done_before} already done)")
+        status(f"generate: {len(todo)} parts to make with the {config.backend} backend ({done_before} already done)")
         backend = _backend(config, provenance, root, dtype)
         # Captured again once the engine has set its switches; what made the parts, with the backend's own facts.
         log = EnvironmentLog(
@@ -214,7 +214,7 @@ def _write_metrics(
         ),
     }
     write_json(root / GENERATE_METRICS, metrics)
-    step(
+    status(
         f"generated {totals['ok']} conversations ({totals['completion_tokens']} completion tokens), "
         f"skipped {dict(skipped) or 0}; "
         + (

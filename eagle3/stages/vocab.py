@@ -28,7 +28,7 @@ from eagle3.params.base import StageParams
 from eagle3.params.extract import ExtractParams
 from eagle3.params.vocab import VocabParams
 from eagle3.paths import SYNTHETIC_DIR, VOCAB_METRICS
-from eagle3.progress import progress, step
+from eagle3.progress import progress, status
 
 
 class Params(StageParams):
@@ -103,7 +103,7 @@ def run(params: Params, root: Path, options=None) -> None:
         "uncovered_loss_tokens": total - covered,
     }
     write_json(root / VOCAB_METRICS, metrics)
-    step(
+    status(
         f"vocab: {config.draft_vocab_size} draft tokens cover {metrics['coverage']:.2%} of {total} loss tokens "
         f"({distinct} distinct in the answers)"
     )

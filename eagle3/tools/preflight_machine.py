@@ -119,14 +119,14 @@ def _draft_gradient_bytes(context: Context) -> int:
     return 4 * int(parameters)  # DDP all-reduces the fp32 gradients
 
 
-def _all_reduce_worker(rank: int, world: int, init_file: str, numel: int, backend: str, seconds: float, out: str):
+def _all_reduce_worker(rank: int, world_size: int, init_file: str, numel: int, backend: str, seconds: float, out: str):
     import torch
     import torch.distributed as dist
 
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)  # before the group: NCCL binds each process to its GPU
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     tensor = torch.ones(numel, dtype=torch.float32, device=device)
     sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
     for _ in range(2):

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from eagle3.errors import Eagle3Error
-from eagle3.progress import step
+from eagle3.progress import status
 
 SERVERS_DIR = Path(".eagle3/servers")
 # vLLM's own default port.
@@ -131,7 +131,7 @@ def start(root: Path, name: str, command: list[str], timeout_min: float) -> None
         except OSError as exc:
             raise Eagle3Error(f"server {name}: cannot run {command[0]!r}: {exc.strerror or exc}") from None
     pid_file.write_text(f"{process.pid}\n")
-    step(f"server {name}: started (pid {process.pid}, log {log}); waiting for {url}")
+    status(f"server {name}: started (pid {process.pid}, log {log}); waiting for {url}")
     started = time.monotonic()
     deadline = started + timeout_min * 60
     while not _answers(url):
@@ -145,7 +145,7 @@ def start(root: Path, name: str, command: list[str], timeout_min: float) -> None
                 f"`eagle3 server stop {name}`); its log ends: {_tail(log)}"
             )
         time.sleep(2)
-    step(f"server {name}: ready at {url.removesuffix('/health')} after {time.monotonic() - started:.0f} s")
+    status(f"server {name}: ready at {url.removesuffix('/health')} after {time.monotonic() - started:.0f} s")
 
 
 def stop(root: Path, name: str, timeout_s: float) -> None:
@@ -155,7 +155,7 @@ def stop(root: Path, name: str, timeout_s: float) -> None:
         raise Eagle3Error(f"server {name}: none started here ({pid_file} is missing)")
     if not _alive(pid):
         pid_file.unlink(missing_ok=True)
-        step(f"server {name}: was not running")
+        status(f"server {name}: was not running")
         return
     os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -167,9 +167,9 @@ def stop(root: Path, name: str, timeout_s: float) -> None:
         while _alive(pid):
             _reap(pid)
             time.sleep(0.2)
-        step(f"server {name}: killed after {timeout_s:g} s without exiting")
+        status(f"server {name}: killed after {timeout_s:g} s without exiting")
     else:
-        step(f"server {name}: stopped")
+        status(f"server {name}: stopped")
     pid_file.unlink(missing_ok=True)
 
 

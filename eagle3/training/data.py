@@ -10,7 +10,7 @@ tokens at once than max_tokens_per_batch / processes, or one sequence longer tha
 
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -55,6 +55,35 @@ class Collate:
         }
 
 
+class TrainingData(Protocol):
+    """The training split as the train stage reads it: stored shards (eagle3/training/stored.py) or states the
+    verifier computes for each batch (eagle3/training/streamed.py). The same sequences in the same batches
+    either way: a sample's position indexes `lengths`, which BatchPlan batches by."""
+
+    layer_ids: tuple[int, ...]
+    lengths: torch.Tensor
+
+    def __len__(self) -> int: ...
+
+    def identity(self) -> dict[str, Any]:
+        """What the run key records of where the states come from."""
+        ...
+
+    def begin(self, plan: "BatchPlan", config: TrainParams, collate: Collate, fresh: bool) -> torch.Tensor | None:
+        """Before the first batch of `plan` (from plan.start): fc's input scale where `fresh`, else None."""
+        ...
+
+    def batches(self, plan: "BatchPlan", config: TrainParams, collate: Collate) -> Iterator[dict[str, torch.Tensor]]:
+        """This process's collated micro-batches from plan.start on, in the plan's order."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's metrics record of the data (rank 0)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 def tokens_per_process(max_tokens_per_batch: int | None, batch_size: int, processes: int, longest: int) -> int:
     """The most padded tokens one training process holds at once (one micro-batch), what its memory is sized for:
     under a token budget its part of it, or one longest sequence where that is more; without, its
@@ -71,17 +100,17 @@ def loader_shared_memory(tokens: int, layers: int, hidden: int, workers: int) ->
     return workers * PREFETCH_BATCHES * tokens * layers * hidden * 2
 
 
-def balanced_shares(batch: list[int], lengths: torch.Tensor, world: int) -> list[list[int]]:
-    """A global batch's sequences over `world` processes by tokens: longest first, each to the process holding the
-    fewest tokens so far (the lowest rank on a tie); every share keeps the batch's order."""
-    if world == 1:
+def balanced_shares(batch: list[int], lengths: torch.Tensor, world_size: int) -> list[list[int]]:
+    """A global batch's sequences over `world_size` processes by tokens: longest first, each to the process holding
+    the fewest tokens so far (the lowest rank on a tie); every share keeps the batch's order."""
+    if world_size == 1:
         return [list(batch)]
-    held, owner = [0] * world, {}
+    held, owner = [0] * world_size, {}
     for position in sorted(batch, key=lambda p: -int(lengths[p])):
-        rank = min(range(world), key=lambda r: (held[r], r))
+        rank = min(range(world_size), key=lambda r: (held[r], r))
         owner[position] = rank
         held[rank] += int(lengths[position])
-    return [[p for p in batch if owner[p] == rank] for rank in range(world)]
+    return [[p for p in batch if owner[p] == rank] for rank in range(world_size)]
 
 
 def padded_cuts(lengths: list[int], budget: int, most: int | None = None) -> list[tuple[int, int]]:
@@ -125,14 +154,14 @@ class BatchPlan(torch.utils.data.Sampler):
         epochs: int,
         seed: int,
         rank: int = 0,
-        world: int = 1,
+        world_size: int = 1,
         max_tokens: int | None = None,
         start: int = 0,
     ):
         self.lengths, self.batch_size, self.epochs, self.seed = lengths, batch_size, epochs, seed
-        self.start, self.rank, self.world, self.max_tokens = start, rank, world, max_tokens
+        self.start, self.rank, self.world_size, self.max_tokens = start, rank, world_size, max_tokens
         # What one process holds at once: its part of the global token budget.
-        self.budget = None if max_tokens is None else max(max_tokens // world, 1)
+        self.budget = None if max_tokens is None else max(max_tokens // world_size, 1)
         if max_tokens is None:
             self.per_epoch = [len(lengths) // batch_size] * epochs
         else:
@@ -147,16 +176,19 @@ class BatchPlan(torch.utils.data.Sampler):
         order = torch.randperm(len(self.lengths), generator=generator)
         if self.max_tokens is None:
             order = order[: len(self.lengths) // self.batch_size * self.batch_size]
-        batches = []
+        batches: list[torch.Tensor] = []
         for first in range(0, len(order), self.batch_size * self.WINDOW):
             window = order[first : first + self.batch_size * self.WINDOW]
             window = window[torch.argsort(self.lengths[window], stable=True)]
-            batches += list(window.split(self.batch_size)) if self.max_tokens is None else self._fill(window)
+            if self.max_tokens is None:
+                batches += list(window.split(self.batch_size))
+            else:
+                batches += self._fill(window, self.max_tokens)
         return [batches[i] for i in torch.randperm(len(batches), generator=generator)]
 
-    def _fill(self, window: torch.Tensor) -> list[torch.Tensor]:
+    def _fill(self, window: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
         """Cut a window sorted by length into batches of at most max_tokens padded tokens."""
-        return [window[a:b] for a, b in padded_cuts(self.lengths[window].tolist(), self.max_tokens, self.batch_size)]
+        return [window[a:b] for a, b in padded_cuts(self.lengths[window].tolist(), max_tokens, self.batch_size)]
 
     def global_batches(self) -> Iterator[list[int]]:
         """Every global batch from `start` on, as sample positions."""
@@ -169,11 +201,11 @@ class BatchPlan(torch.utils.data.Sampler):
             done += count
 
     def shares(self, batch: list[int]) -> list[list[int]]:
-        """Each rank's share of a global batch: by tokens under a token budget; else batch_size / world sequences
-        each (every world-th), which bounds a share at that many of the longest sequences."""
+        """Each rank's share of a global batch: by tokens under a token budget; else batch_size / world_size
+        sequences each (every world_size-th), which bounds a share at that many of the longest sequences."""
         if self.max_tokens is None:
-            return [batch[rank :: self.world] for rank in range(self.world)]
-        return balanced_shares(batch, self.lengths, self.world)
+            return [batch[rank :: self.world_size] for rank in range(self.world_size)]
+        return balanced_shares(batch, self.lengths, self.world_size)
 
     def rank_micro_batches(self, batch: list[int]) -> list[list[int]]:
         """This rank's micro-batches of a global batch, padded with empty ones to the most any rank has."""
@@ -194,7 +226,7 @@ class BatchPlan(torch.utils.data.Sampler):
             yield from micro
 
 
-def batches(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, torch.Tensor]]:
+def loader_batches(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, torch.Tensor]]:
     """The loader's batches. An Eagle3Error raised in a worker process (a damaged shard's ShardError) reaches
     this process as the same type holding the worker's whole traceback (torch re-raises it so); it is re-raised
     as its own message, the one line the CLI prints."""
@@ -219,12 +251,15 @@ def micro_batches_by_step(loaded: Iterator[Any], counts: Iterable[int]) -> Itera
 def measure_aux_scale(states: Iterable[torch.Tensor], layers: int) -> torch.Tensor:
     """Per-channel RMS of fc's input over `states` (the first SCALE_SAMPLES samples' [layers, tokens, hidden]),
     skipping each sequence's first (attention-sink) token."""
-    squares, count = None, 0
+    squares: torch.Tensor | None = None
+    count = 0
     for hidden in states:
         aux = hidden[:layers, 1:].float()  # [layers, tokens, hidden]
         flat = aux.transpose(0, 1).reshape(aux.shape[1], -1)
         squares = flat.pow(2).sum(0) if squares is None else squares + flat.pow(2).sum(0)
         count += flat.shape[0]
+    if squares is None:
+        raise ValueError("fc's input scale needs at least one sample's states")
     return (squares / max(count, 1)).sqrt().clamp(min=1e-2)
 
 

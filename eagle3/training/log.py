@@ -42,28 +42,28 @@ def open_log(root: Path, resume_step: int | None):
 
 
 class Window:
-    """Sums over the steps since the last log line, per TTT step.
+    """Sums over the optimizer steps since the last log line, per TTT step.
 
-    Each step's figures stay on the device until the window closes, then every process reduces them in one
+    Each optimizer step's figures stay on the device until the window closes, then every process reduces them in one
     collective (NCCL reduces only device tensors) and one copy to the host: no synchronisation per step."""
 
-    def __init__(self, steps: int):
-        self.ttt_steps = steps
-        self.loss, self.correct, self.counts = torch.zeros(steps), torch.zeros(steps), torch.zeros(steps)
-        self.objective, self.steps, self.tokens = 0.0, 0, 0
+    def __init__(self, ttt_steps: int):
+        self.ttt_steps = ttt_steps
+        self.loss, self.correct, self.counts = torch.zeros(ttt_steps), torch.zeros(ttt_steps), torch.zeros(ttt_steps)
+        self.objective, self.optimizer_steps, self.tokens = 0.0, 0, 0
         self.pending: list[torch.Tensor] = []
         self.pending_counts: list[torch.Tensor] = []
         self.pending_tokens: list[int] = []
 
     def add(self, sums: torch.Tensor, correct: torch.Tensor, counts: torch.Tensor, loss: torch.Tensor, tokens: int):
-        """One step: this process's loss sums, top-1 agreements, backpropagated loss and padded tokens; `counts`
-        already global."""
+        """One optimizer step: this process's loss sums, top-1 agreements, backpropagated loss and padded tokens;
+        `counts` already global."""
         self.pending.append(torch.cat([sums.float(), correct.float(), loss.detach().float().reshape(1)]))
         self.pending_counts.append(counts.float())
         self.pending_tokens.append(tokens)
 
     def reduce(self, world: Any) -> None:
-        """Every process calls this at the same steps: the pending figures summed over processes."""
+        """Every process calls this at the same optimizer steps: the pending figures summed over processes."""
         if not self.pending:
             return
         # float64: a window's padded-token total can pass float32's 2**24 exact integers.
@@ -71,19 +71,19 @@ class Window:
         tokens = torch.tensor(self.pending_tokens, dtype=on_device.dtype, device=on_device.device)
         rows = world.all_sum(torch.cat([on_device, tokens[:, None]], dim=1)).cpu()
         counts = torch.stack(self.pending_counts).cpu()
-        steps = self.ttt_steps
+        ttt = self.ttt_steps
         for row, count in zip(rows, counts, strict=True):
-            self.loss += row[:steps]
-            self.correct += row[steps : 2 * steps]
+            self.loss += row[:ttt]
+            self.correct += row[ttt : 2 * ttt]
             self.counts += count
-            self.objective += float(row[2 * steps] / world.size)
-            self.tokens += int(row[2 * steps + 1])
-            self.steps += 1
+            self.objective += float(row[2 * ttt] / world.size)
+            self.tokens += int(row[2 * ttt + 1])
+            self.optimizer_steps += 1
         self.pending, self.pending_counts, self.pending_tokens = [], [], []
 
     def log(self, live: Any, done: int, lr: float) -> None:
         live.step = done
-        live.log_metric("train/loss", round(self.objective / max(self.steps, 1), 6))
+        live.log_metric("train/loss", round(self.objective / max(self.optimizer_steps, 1), 6))
         live.log_metric("train/lr", lr)
         for i in range(len(self.counts)):
             count = float(self.counts[i])
@@ -93,4 +93,4 @@ class Window:
         live.make_summary()
         for tensor in (self.loss, self.correct, self.counts):
             tensor.zero_()
-        self.objective, self.steps = 0.0, 0
+        self.objective, self.optimizer_steps = 0.0, 0

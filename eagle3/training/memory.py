@@ -54,7 +54,8 @@ class PeakBytes(TorchDispatchMode):
 
     def __init__(self, existing: Iterable[torch.Tensor] = ()):
         super().__init__()
-        self.live, self.peak, self.storages = 0, 0, set()
+        self.live, self.peak = 0, 0
+        self.storages: set[int] = set()
         for tensor in existing:
             self._add(tensor.untyped_storage(), counted=False)
 
@@ -125,7 +126,7 @@ def make_objective_for(config: DraftConfig, ttt_steps: int, recompute: str, prec
         embed=torch.randn(config.vocab_size, hidden, generator=generator).to(torch.bfloat16),
         draft_lm_head=torch.randn(config.draft_vocab_size, hidden, generator=generator).to(getattr(torch, precision)),
         t2d=torch.ones(config.vocab_size, dtype=torch.bool),
-        steps=ttt_steps,
+        ttt_steps=ttt_steps,
         step_weight=TrainParams().step_weight,
         recompute=recompute,
     )

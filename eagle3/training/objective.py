@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,8 @@ from eagle3.training.soft_cross_entropy import soft_cross_entropy
 class FrozenEmbedding(nn.Module):
     """The verifier's token embedding, held as a buffer."""
 
+    weight: torch.Tensor
+
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         self.register_buffer("weight", weight, persistent=False)
@@ -43,6 +46,9 @@ class FrozenEmbedding(nn.Module):
 
 
 class Objective(nn.Module):
+    # Buffers (see __init__): the verifier's head rows of the draft vocab, and which target ids it holds.
+    target_head: torch.Tensor
+    t2d: torch.Tensor
     """Draft + the frozen verifier pieces the loss needs; one forward = one training-time-test unroll, so DDP and
     FSDP see a single forward per step."""
 
@@ -53,7 +59,7 @@ class Objective(nn.Module):
         embed: torch.Tensor,
         draft_lm_head: torch.Tensor,
         t2d: torch.Tensor,
-        steps: int,
+        ttt_steps: int,
         step_weight: float,
         recompute: str = "off",
     ):
@@ -62,7 +68,7 @@ class Objective(nn.Module):
         self.embed = FrozenEmbedding(embed)
         self.register_buffer("target_head", draft_lm_head, persistent=False)
         self.register_buffer("t2d", t2d, persistent=False)
-        self.steps, self.weights = steps, [step_weight**i for i in range(steps)]
+        self.ttt_steps, self.weights = ttt_steps, [step_weight**i for i in range(ttt_steps)]
         self.recompute = recompute
 
     def targets(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -80,7 +86,7 @@ class Objective(nn.Module):
     def counted(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """Per TTT step, which positions count [B, T]."""
         counts = batch["loss_mask"] & self.t2d[batch["input_ids"]]
-        return [shift_left(counts, target_offset(i)) for i in range(self.steps)]
+        return [shift_left(counts, target_offset(i)) for i in range(self.ttt_steps)]
 
     def forward(
         self,
@@ -89,10 +95,10 @@ class Objective(nn.Module):
         top1: torch.Tensor,
         masks: list[torch.Tensor],
         global_counts: torch.Tensor,
-        world: int,
+        world_size: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (loss to backpropagate, per-step loss sums, per-step correct counts) for this process's slice."""
-        features = self.draft.unroll(batch["input_ids"], batch["aux"], self.embed, self.steps, self.recompute)
+        features = self.draft.unroll(batch["input_ids"], batch["aux"], self.embed, self.ttt_steps, self.recompute)
         tokens = probs.shape[1]
         # Only positions that count go through norm + lm_head: the vocabulary projection is the costliest part.
         counted, rows, sizes = [], [], []
@@ -117,7 +123,7 @@ class Objective(nn.Module):
             scales,
         )
         # DDP and FSDP average gradients over processes; the global normalisation above wants their sum.
-        return loss * world, sums, correct
+        return loss * world_size, sums, correct
 
 
 def init_draft(
@@ -157,7 +163,7 @@ def make_objective(
         embed=verifier["embed"],
         draft_lm_head=verifier["lm_head"][draft_to_target(d2t)].to(head_dtype),
         t2d=t2d,
-        steps=config.ttt_steps,
+        ttt_steps=config.ttt_steps,
         step_weight=config.step_weight,
         recompute=config.activation_checkpointing,
     )
@@ -194,6 +200,14 @@ def clip_gradients(parameters: Iterable[torch.Tensor], max_norm: float) -> torch
     return norm
 
 
+class Stepper(Protocol):
+    """What one optimizer step needs of the optimizer: a torch optimizer, or the draft's pair of them."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def step(self) -> Any: ...
+
+
 @dataclass
 class StepResult:
     loss: torch.Tensor  # the objective as backpropagated (this process's share, x world size)
@@ -205,7 +219,7 @@ class StepResult:
 def train_step(
     model: nn.Module,
     objective: Objective,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Stepper,
     micro: list[dict[str, torch.Tensor]],
     world: Dist,
     grad_clip: float,
@@ -218,8 +232,11 @@ def train_step(
     # Before the forward, so the last step's gradients are not kept beside this step's activations.
     optimizer.zero_grad(set_to_none=True)
     masks = [objective.counted(batch) for batch in micro]
-    counts = world.all_sum(torch.stack([sum(m[i].sum() for m in masks) for i in range(objective.steps)]).float())
-    loss = sums = correct = None
+    counted = [torch.stack([m[i].sum() for m in masks]).sum() for i in range(objective.ttt_steps)]
+    counts = world.all_sum(torch.stack(counted).float())
+    loss: torch.Tensor | None = None
+    sums: torch.Tensor | None = None
+    correct: torch.Tensor | None = None
     for number, (batch, batch_masks) in enumerate(zip(micro, masks, strict=True)):
         probs, top1 = objective.distribution(batch)
         with gradient_sync(model, last=number == len(micro) - 1), autocast(world.device, precision):
@@ -229,6 +246,7 @@ def train_step(
         loss = part.detach() if loss is None else loss + part.detach()
         sums = part_sums if sums is None else sums + part_sums
         correct = part_correct if correct is None else correct + part_correct
+    assert loss is not None and sums is not None and correct is not None  # every process has a micro-batch
     clip_gradients(objective.draft.parameters(), grad_clip)
     optimizer.step()
     return StepResult(loss, sums, correct, counts)

@@ -50,9 +50,15 @@ def newton_schulz_flops(draft: nn.Module) -> float:
 
 def make_optimizer(draft: nn.Module, config: TrainParams) -> "DraftOptimizer":
     trained = [(name, p) for name, p in draft.named_parameters() if p.requires_grad]
-    adamw = {"lr": config.learning_rate, "betas": (0.9, config.adam_beta2), "weight_decay": config.weight_decay}
+
+    def adamw(params: list[nn.Parameter]) -> torch.optim.AdamW:
+        betas = (0.9, config.adam_beta2)
+        return torch.optim.AdamW(
+            params, lr=config.learning_rate, betas=betas, weight_decay=config.weight_decay, fused=True
+        )
+
     if config.optimizer == "adamw":
-        return DraftOptimizer(torch.optim.AdamW([p for _, p in trained], **adamw, fused=True))
+        return DraftOptimizer(adamw([p for _, p in trained]))
     matrices = muon_matrices(draft)
     muon = torch.optim.Muon(
         [p for name, p in trained if name in matrices],
@@ -63,7 +69,7 @@ def make_optimizer(draft: nn.Module, config: TrainParams) -> "DraftOptimizer":
         adjust_lr_fn="match_rms_adamw",
         ns_steps=NEWTON_SCHULZ_STEPS,
     )
-    rest = torch.optim.AdamW([p for name, p in trained if name not in matrices], **adamw, fused=True)
+    rest = adamw([p for name, p in trained if name not in matrices])
     return DraftOptimizer(muon, rest)
 
 

@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -217,10 +218,13 @@ class Producer:
             first += len(share)
         self.peak = max(self.peak, self.spool.used_bytes())
 
+    def _fits(self, needed: int) -> bool:
+        return self.spool.used_bytes() + needed <= self.budget
+
     def _stream(self) -> None:
         for step, shares in self.steps:
             needed = sum(self.size(share) for share in shares)
-            if not self._wait(lambda needed=needed: self.spool.used_bytes() + needed <= self.budget):
+            if not self._wait(partial(self._fits, needed)):
                 return
             self._produce(step, shares, self.spool.directory)
 

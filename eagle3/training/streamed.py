@@ -44,7 +44,7 @@ from eagle3.params.train import TrainParams
 from eagle3.paths import STREAM_DIR, SYNTHETIC_MANIFEST
 from eagle3.precision import engine_device_type
 from eagle3.progress import progress
-from eagle3.training.data import SCALE_SAMPLES, BatchPlan, measure_aux_scale
+from eagle3.training.data import SCALE_SAMPLES, BatchPlan, Collate, measure_aux_scale
 from eagle3.training.distributed import Dist
 from eagle3.training.state_spool import ENGINE_SCRATCH, Producer, StateSpool, share_bytes
 
@@ -229,9 +229,15 @@ class StreamedData:
                 + (", or lower train.stream_phase_steps" if window > 1 else ", or lower train.batch_size")
             )
 
-    def start(self, plan: BatchPlan, config: TrainParams, layers: int, hidden: int, fresh: bool) -> torch.Tensor | None:
-        """Rank 0 empties the spool and starts producing from plan.start; every rank returns fc's input scale
-        when `fresh` (measured by rank 0 on the first samples, as the stored mode does), else None."""
+    def identity(self) -> dict[str, Any]:
+        return {"streamed_states": self.settings}
+
+    def begin(self, plan: BatchPlan, config: TrainParams, collate: Collate, fresh: bool) -> torch.Tensor | None:
+        """From the resumed step, as the producer counts its phases, and before any state is computed: the buffer
+        is checked; then rank 0 empties the spool and starts producing from plan.start; every rank returns fc's
+        input scale when `fresh` (measured by rank 0 on the first samples, as the stored mode does), else None."""
+        layers, hidden = collate.layers, collate.hidden
+        self.check_buffer(plan, layers, hidden, config)
         spool = self.spool = StateSpool(spool_dir(self.root, config))
         self.phases = config.stream_phase_steps is not None
         if self.world.main:
@@ -276,10 +282,12 @@ class StreamedData:
         if self.producer is not None:
             self.producer.healthy()
 
-    def batches(self, plan: BatchPlan, collate: Any, pinned: bool) -> Iterator[dict[str, torch.Tensor]]:
+    def batches(self, plan: BatchPlan, config: TrainParams, collate: Collate) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's collated micro-batches from plan.start on; a step's file stays in the spool (and counts
         against the buffer) until the trainer asks for the next step's first micro-batch."""
         previous, rank = None, self.world.rank
+        # Page-locked batches let the copy to the GPU run asynchronously, overlapping the previous step.
+        pinned = self.world.device.type == "cuda"
         self._finished = False
         try:
             for step, batch in enumerate(plan.global_batches(), start=plan.start):

@@ -46,10 +46,11 @@ def offline_estimate(root: Path, steps: int, limits: OfflineEstimate) -> dict[st
     head = verifier.pop("lm_head").to(device=device, dtype=dtype)
     targets = draft_to_target(d2t).to(device)
     per_step_correct, positions, read = torch.zeros(steps), 0, 0
-    walk = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0] * steps, "by_context": {}}
+    walk: dict[str, Any] = {"output": 0, "accepted": 0, "drafts": 0, "by_position": [0] * steps, "by_context": {}}
     provenance = read_provenance(root)
     made_for = {"hidden_size": provenance.hidden_size, "tokenizer_sha256": provenance.tokenizer_sha256}
-    for sample in HiddenStateDataset(shards, made_for, provenance.vocab_size):
+    samples = HiddenStateDataset(shards, made_for, provenance.vocab_size)
+    for sample in (samples[position] for position in range(len(samples))):
         ids, mask = sample["input_ids"], sample["loss_mask"]
         tokens = len(ids)
         if read and read + tokens > limits.max_tokens:
