@@ -17,7 +17,10 @@ the reasoning exactly as it does in serving.
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _INLINE = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
 
@@ -35,7 +38,7 @@ def opens_reasoning(prompt: str) -> bool:
     return prompt.rfind("<think>") > prompt.rfind(THINK_END)
 
 
-def split_opened_reasoning(tokenizer: Any, token_ids: list[int], text: str) -> tuple[str, str]:
+def split_opened_reasoning(tokenizer: "PreTrainedTokenizerBase", token_ids: list[int], text: str) -> tuple[str, str]:
     """(content, reasoning) of an answer generated after an opened `<think>`: reasoning up to the first `</think>`,
     content after it; an answer that never closes the block (cut at max_tokens) is all reasoning. Split on the
     token ids where `</think>` is one token, since it may be a special token the decoded `text` leaves out."""
@@ -70,7 +73,7 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def render(
-    tokenizer: Any,
+    tokenizer: "PreTrainedTokenizerBase",
     messages: list[dict[str, Any]],
     add_generation_prompt: bool = False,
     template_kwargs: dict[str, Any] | None = None,

@@ -11,13 +11,16 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3.background import one_ahead
 from eagle3.chat.token_layout import Sequence, layout
 from eagle3.formats.provenance import Provenance, verifier_dir
 from eagle3.formats.synthetic import PART_PATTERN, read_manifest, read_part
 from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def load_tokenizer(root: Path, provenance: Provenance) -> Any:
 
 
 def part_sequences(
-    records: Iterable[dict[str, Any]], tokenizer: Any, max_seq_len: int, counts: Counter
+    records: Iterable[dict[str, Any]], tokenizer: "PreTrainedTokenizerBase", max_seq_len: int, counts: Counter
 ) -> Iterator[Sequence]:
     """A part's training sequences in order; `counts` gets what was skipped or truncated, and why."""
     for record in records:
@@ -71,6 +74,8 @@ def part_sequences(
             yield sequence
 
 
-def split_sequences(parts: list[Part], tokenizer: Any, max_seq_len: int) -> Iterator[list[Sequence]]:
+def split_sequences(
+    parts: list[Part], tokenizer: "PreTrainedTokenizerBase", max_seq_len: int
+) -> Iterator[list[Sequence]]:
     """Each part's sequences, a part at a time, laid out one part ahead of the consumer."""
     return one_ahead(list(part_sequences(read_part(part.path), tokenizer, max_seq_len, Counter())) for part in parts)

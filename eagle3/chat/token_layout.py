@@ -26,12 +26,15 @@ turn masked.
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from eagle3.chat.reasoning import render
 from eagle3.errors import Eagle3Error
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class Sequence:
 
 
 def layout(
-    tokenizer: Any,
+    tokenizer: "PreTrainedTokenizerBase",
     sample_id: str,
     messages: list[dict[str, Any]],
     max_seq_len: int,
@@ -107,7 +110,7 @@ def layout(
 _END_OF_TURN: dict[tuple[int, str], tuple[Any, int | None]] = {}
 
 
-def end_of_turn_id(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> int | None:
+def end_of_turn_id(tokenizer: "PreTrainedTokenizerBase", template_kwargs: dict[str, Any] | None = None) -> int | None:
     """The token that ends an assistant turn, as the chat template writes it: the first token after a turn's content
     when it is a special token (`<|im_end|>`, `<|eot_id|>`; Kimi's `[EOS]` is not it), else the tokenizer's EOS."""
     key = (id(tokenizer), json.dumps(template_kwargs or {}, sort_keys=True))
@@ -123,7 +126,7 @@ def end_of_turn_id(tokenizer: Any, template_kwargs: dict[str, Any] | None = None
 
 
 def _sequence(
-    tokenizer: Any,
+    tokenizer: "PreTrainedTokenizerBase",
     sample_id: str,
     text: str,
     spans: list[tuple[int, int, Cut | None]],

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,6 +64,9 @@ from eagle3.progress import progress, status
 from eagle3.resume import measured_run, resume_or_reset
 from eagle3.scale_out import Slice
 from eagle3.scale_out import add_arguments as add_arguments  # the runner gives this stage --rank / --world-size
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Runs on the GPUs where there are any: refused where nvidia-smi lists GPUs that torch cannot see (eagle3/runner.py).
 USES_GPUS = True
@@ -204,14 +207,20 @@ def _is_done(out: Path, part: Part) -> bool:
     return is_done(out / part.split, part.index)
 
 
-def planned_parts(parts: list[Part], tokenizer: Any, config: ExtractParams, meta: ShardMeta) -> Iterator[PartPlan]:
+def planned_parts(
+    parts: list[Part], tokenizer: "PreTrainedTokenizerBase", config: ExtractParams, meta: ShardMeta
+) -> Iterator[PartPlan]:
     """The parts' plans in order, made by a background thread one part ahead of the consumer (tokenization
     overlaps the forward passes; at most two parts' plans exist at a time)."""
     return one_ahead(plan_part(part, read_part(part.path), tokenizer, config, meta) for part in parts)
 
 
 def plan_part(
-    part: Part, records: Iterable[dict[str, Any]], tokenizer: Any, config: ExtractParams, meta: ShardMeta
+    part: Part,
+    records: Iterable[dict[str, Any]],
+    tokenizer: "PreTrainedTokenizerBase",
+    config: ExtractParams,
+    meta: ShardMeta,
 ) -> PartPlan:
     """A part's sequences in prepared order, cut into shards whenever their raw states reach shard_raw_mb."""
     plan = PartPlan(part, [])

@@ -15,7 +15,7 @@ to metrics/vocab.json: it caps the achievable acceptance.
 """
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +30,9 @@ from eagle3.params.vocab import VocabParams
 from eagle3.paths import SYNTHETIC_DIR, VOCAB_METRICS
 from eagle3.progress import progress, status
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 class Params(StageParams):
     vocab: VocabParams = VocabParams()
@@ -37,7 +40,9 @@ class Params(StageParams):
     extract: ExtractParams
 
 
-def count_tokens(root: Path, parts: list[Part], tokenizer: Any, max_seq_len: int, vocab_size: int):
+def count_tokens(
+    root: Path, parts: list[Part], tokenizer: "PreTrainedTokenizerBase", max_seq_len: int, vocab_size: int
+):
     """(loss-masked counts, all-token counts) over the parts' training sequences, each int64 [vocab_size]; a
     token id outside the verifier's vocabulary is one error naming its sample."""
     masked = torch.zeros(vocab_size, dtype=torch.int64)

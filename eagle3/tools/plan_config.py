@@ -8,7 +8,10 @@ apply, named as such.
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eagle3.config import Params
 
 # Flag (as its attribute) -> (dotted params key, the built-in default where no params file is there).
 CONFIGURED: dict[str, tuple[str, Any]] = {
@@ -44,10 +47,10 @@ class Configured:
     layout: str | None  # "C" for streamed states, "A or B" for stored ones
     verifier_name: str | None
     verifier_local: bool = False  # a `local` source: its directory may be on this machine
-    params: Any = None  # the validated params (eagle3.config.Params)
+    params: "Params | None" = None
 
 
-def _value(params: Any, flag: str) -> Any:
+def _value(params: "Params", flag: str) -> Any:
     """The flag's value as the validated params give it, or None where they leave it to the flag (e.g. a process
     count of auto)."""
     key, _ = CONFIGURED[flag]

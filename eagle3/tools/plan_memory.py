@@ -24,7 +24,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
@@ -32,6 +32,9 @@ from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import RECOMPUTE
 from eagle3.tools.plan_types import GB, Machine, MemoryEstimate, MemoryLine, to_json
 from eagle3.training.data import tokens_per_process
+
+if TYPE_CHECKING:
+    from eagle3.config import Params
 
 LENGTHS = (4096, 8192)
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -268,7 +271,7 @@ def streamed_fit(train: TrainMemory, recompute: str, share: float, phases: bool)
     return StreamedFit(train.gpu, train.memory_bytes, share, phases, setting.at_max_tokens_bytes, setting.resting_bytes)
 
 
-def _verifier_config(params: Any, root: Path) -> tuple[dict[str, Any] | None, float | None, str]:
+def _verifier_config(params: "Params", root: Path) -> tuple[dict[str, Any] | None, float | None, str]:
     """The configured verifier's language-model config and weight bytes: a preset of that name, else the verifier
     stage's record and directory; (None, None, why) where neither is here."""
     from eagle3.config import configured_verifier
@@ -304,7 +307,7 @@ def _verifier_config(params: Any, root: Path) -> tuple[dict[str, Any] | None, fl
     return config, float(read_provenance(root).weight_bytes), f"{name}'s config.json"
 
 
-def check_gpu_memory(params: Any, path: Path) -> list[str]:
+def check_gpu_memory(params: "Params", path: Path) -> list[str]:
     """`eagle3 check`: the training memory per GPU of train.launch.gpu at extract.max_seq_len, and with streamed
     states the verifier beside it; Eagle3Error naming the key to change where it does not fit. Returns what was
     checked, or why not, in one line."""
@@ -350,7 +353,7 @@ def check_gpu_memory(params: Any, path: Path) -> list[str]:
     return [f"GPU memory with streamed states: {fit.summary()} per {GPUS[gpu].name} ({source})"]
 
 
-def _stored_dtype(params: Any, root: Path) -> str | None:
+def _stored_dtype(params: "Params", root: Path) -> str | None:
     """The dtype the verifier's weights are stored in: the verifier stage's record, else its config.json's."""
     from eagle3.formats.hf_config import read_config, stored_dtype
     from eagle3.formats.provenance import read_provenance, verifier_location
@@ -362,7 +365,7 @@ def _stored_dtype(params: Any, root: Path) -> str | None:
     return stored_dtype(read_config(directory))
 
 
-def check_evaluate_memory(params: Any, path: Path) -> list[str]:
+def check_evaluate_memory(params: "Params", path: Path) -> list[str]:
     """`eagle3 check`: evaluate's in-process engines hold the verifier within evaluate.vllm.gpu_memory_utilization
     of train.launch.gpu, in the dtype they compute in there (float32 doubles 16-bit weights: the CPU's exact
     lossless setting, not a GPU's). Eagle3Error naming the keys where it does not fit."""

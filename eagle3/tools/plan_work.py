@@ -8,7 +8,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.paths import (
@@ -24,6 +24,9 @@ from eagle3.paths import (
     prepared_split,
 )
 from eagle3.tools.plan_config import Configured
+
+if TYPE_CHECKING:
+    from eagle3.config import Params
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def _generated(root: Path, verifier: str | None) -> dict[str, Any] | None:
     return metrics if isinstance(metrics, dict) and verifier and measured_verifier(root) == verifier else None
 
 
-def count_answers(params: Any, root: Path, verifier: str | None) -> tuple[int, str, float, str]:
+def count_answers(params: "Params", root: Path, verifier: str | None) -> tuple[int, str, float, str]:
     """(answers, source, tokens per answer, source): generate's own counts where it ran, else the prepared rows'
     user turns (generate.turns all) or one per row (last), else prepare's row limits at one answer per row."""
     config = params.generate
@@ -111,7 +114,7 @@ def count_answers(params: Any, root: Path, verifier: str | None) -> tuple[int, s
     return rows, "prepare's rows, one answer each: assumed until prepare runs", bound, bound_source
 
 
-def count_evaluation(params: Any, root: Path) -> tuple[list[EvaluationRun], str]:
+def count_evaluation(params: "Params", root: Path) -> tuple[list[EvaluationRun], str]:
     """Per configuration evaluate measures, its runs and turns: the held-out prompts and benchmark sets it asks (read
     from the project where prepare and benchmarks ran), plus the long-context probes."""
     from eagle3.chat.evaluation_sets import prompt_sets
@@ -149,7 +152,7 @@ def shipped_sizes(root: Path, verifier: str | None) -> tuple[float | None, float
     )
 
 
-def run_work(params: Any, root: Path, verifier: str | None) -> RunWork:
+def run_work(params: "Params", root: Path, verifier: str | None) -> RunWork:
     answers, answers_source, tokens, tokens_source = count_answers(params, root, verifier)
     evaluation, evaluation_source = count_evaluation(params, root)
     text_bytes, states_bytes = shipped_sizes(root, verifier)

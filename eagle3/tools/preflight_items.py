@@ -3,7 +3,10 @@ its measurement raises, the context the items share, and each item's measuring b
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eagle3.config import Params
 
 GB = 1e9
 # Seconds each item may spend measuring (engine and model loading come on top where stated in its `how`).
@@ -51,7 +54,7 @@ class Context:
     """What the items share: the project, its params, a scratch directory, and what earlier items measured."""
 
     root: Path
-    params: Any  # eagle3.config.Params
+    params: "Params"
     scratch: Path
     budget_scale: float = 1.0
     results: dict[str, Item] = field(default_factory=dict)

@@ -4,11 +4,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from eagle3.paths import TRAIN_LOG_DIR
+
+if TYPE_CHECKING:
+    from eagle3.training.distributed import Dist
 
 
 def open_log(root: Path, resume_step: int | None):
@@ -62,7 +65,7 @@ class Window:
         self.pending_counts.append(counts.float())
         self.pending_tokens.append(tokens)
 
-    def reduce(self, world: Any) -> None:
+    def reduce(self, world: "Dist") -> None:
         """Every process calls this at the same optimizer steps: the pending figures summed over processes."""
         if not self.pending:
             return

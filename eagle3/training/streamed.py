@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -47,6 +47,9 @@ from eagle3.progress import progress
 from eagle3.training.data import SCALE_SAMPLES, BatchPlan, Collate, measure_aux_scale
 from eagle3.training.distributed import Dist
 from eagle3.training.state_spool import ENGINE_SCRATCH, Producer, StateSpool, share_bytes
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Bump when the same inputs give other store files, so an old store is rebuilt instead of read.
 STORE_VERSION = 1
@@ -86,7 +89,9 @@ class TokenStore:
         )
 
     @staticmethod
-    def build(directory: Path, key: dict[str, Any], parts: list[Part], tokenizer: Any, max_seq_len: int) -> None:
+    def build(
+        directory: Path, key: dict[str, Any], parts: list[Part], tokenizer: "PreTrainedTokenizerBase", max_seq_len: int
+    ) -> None:
         """Lay the parts out into `directory` for `key` (what the layout depends on). Built in a scratch
         directory and renamed into place: a killed build leaves nothing to trust."""
         with staged_dir(directory) as staging:
