@@ -35,7 +35,7 @@ TTT = 3
 def real_peak(tokens: int, recompute: str, precision: str, layout: DraftLayout | None = None) -> int:
     """Live storage at the peak of the second real step, everything (model, AdamW state, batch) counted from its
     allocation: a count that shares nothing with the estimator's bookkeeping."""
-    config = draft_config_for(SMALL, 300, layout)
+    config = draft_config_for(SMALL, 300, TrainParams(draft_layout=layout or DraftLayout()))
     with PeakBytes() as meter:
         objective = make_objective_for(config, TTT, recompute, precision)
         optimizer = make_optimizer(objective.draft, TrainParams())
@@ -149,7 +149,7 @@ def test_the_estimate_counts_the_layouts_norms(small, layout, extra_tensors, ext
     tensor), its normed copies of the aux states and of each step's feedback in the step; and the estimate is
     still the real peak."""
     plain = small.memory(512, "off")
-    normed = Estimator(draft_config_for(SMALL, 300, layout), TTT).memory(512, "off")
+    normed = Estimator(draft_config_for(SMALL, 300, TrainParams(draft_layout=layout)), TTT).memory(512, "off")
     assert normed.weights - plain.weights == extra_parameters * 4
     assert normed.optimizer - plain.optimizer == 2 * extra_parameters * 4 + extra_tensors * 4
     # Kept for the backward at least: the aux norm's output for fc, [512, 3 x 64] in bf16.

@@ -209,3 +209,37 @@ def test_the_training_memory_is_sized_at_what_one_process_holds_at_once(tmp_path
     # The estimate grows with those tokens: the same draft per GPU, twice the activations.
     resting, at_max = memory["on 8"][1]["resting_bytes"], memory["on 8"][1]["at_max_tokens_bytes"]
     assert memory["on 4"][1]["at_max_tokens_bytes"] > at_max + 0.9 * (at_max - resting)
+
+
+def test_the_training_memory_is_the_draft_the_params_shape(tmp_path):
+    """train.intermediate_size and train.attention shape the draft the plan sizes, as they shape the one the train
+    stage trains: a narrower MLP and fewer heads take less memory at rest, by what their weights and optimizer
+    state weigh (counted here from the draft itself, not the estimator)."""
+    import torch
+
+    from eagle3.modeling.draft import Eagle3Draft
+    from eagle3.params.train import TrainParams
+    from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+    from eagle3.training.memory import draft_config_for
+
+    narrow = {"intermediate_size": 9216, "attention": {"num_attention_heads": 32, "num_key_value_heads": 8}}
+    resting, parameters = {}, {}
+    for name, train in {"derived": {}, "narrow": narrow}.items():
+        params = _hero({})
+        params["train"].update(train)
+        (tmp_path / name).mkdir()
+        write_params(tmp_path / name, params)
+        plan = _plan(tmp_path / name)
+        resting[name] = plan["train_memory"]["settings"]["off"]["resting_bytes"]
+        shaped = TrainParams.model_validate(params["train"])
+        vocab = params["vocab"]["draft_vocab_size"]
+        with torch.device("meta"):
+            draft = Eagle3Draft(draft_config_for(KIMI_K2_5_TEXT_CONFIG, vocab, shaped))
+        parameters[name] = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+        if name == "narrow":
+            source = plan["train_memory"]["source"]
+            assert source.endswith("MLP width 9216, attention num_attention_heads 32, num_key_value_heads 8")
+    saved = parameters["derived"] - parameters["narrow"]
+    assert saved > 10**8  # the MLP alone: 3 x 7168 x (18432 - 9216)
+    # Per trained parameter at rest: its fp32 weight and gradient, and the optimizer's state (one or two moments).
+    assert 12 <= (resting["derived"] - resting["narrow"]) / saved <= 20

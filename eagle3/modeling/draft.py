@@ -42,7 +42,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.modeling.attention import ttt_attention
 from eagle3.modeling.ttt_alignment import input_offset, shift_left
-from eagle3.params.train import RECOMPUTE, DraftAttention, DraftLayout
+from eagle3.params.train import RECOMPUTE, DraftAttention, DraftLayout, TrainParams
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 
@@ -71,6 +71,21 @@ class DraftConfig:
     norm_before_fc: bool = False
     norm_output: bool = False
     norm_before_residual: bool = False
+
+    @classmethod
+    def for_training(
+        cls, verifier_config: dict[str, Any], aux_layer_ids: tuple[int, ...], draft_vocab_size: int, train: TrainParams
+    ) -> "DraftConfig":
+        """The draft the train stage trains for this verifier: shaped as train.intermediate_size, train.attention
+        and train.draft_layout say (the one place train, preflight and the plan's memory estimate shape it)."""
+        return cls.from_verifier(
+            verifier_config,
+            aux_layer_ids,
+            draft_vocab_size,
+            train.intermediate_size,
+            train.attention,
+            train.draft_layout,
+        )
 
     @classmethod
     def from_verifier(

@@ -174,3 +174,13 @@ class TrainParams(Section):
                 "ddp with muon, or optimizer adamw with fsdp"
             )
         return self
+
+
+# The train settings that shape the draft (eagle3/modeling/draft.py DraftConfig.for_training): what the train stage,
+# preflight and the plan's memory estimate all build it from.
+DRAFT_SHAPE_KEYS = ("intermediate_size", "attention", "draft_layout")
+
+
+def draft_shape_settings(train: TrainParams) -> dict:
+    """Those settings as JSON (the plan's memory cache is keyed by them); TrainParams.model_validate reads them back."""
+    return train.model_dump(mode="json", include=set(DRAFT_SHAPE_KEYS))

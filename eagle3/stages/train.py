@@ -119,13 +119,8 @@ def build(
     config = params.train
     vocab = load_vocab(root, provenance.vocab_size)
     data = open_training_data(root, params, provenance, world)
-    draft_config = DraftConfig.from_verifier(
-        read_config(verifier_dir(root)),
-        data.layer_ids[:-1],
-        len(vocab.d2t),
-        config.intermediate_size,
-        config.attention,
-        config.draft_layout,
+    draft_config = DraftConfig.for_training(
+        read_config(verifier_dir(root)), data.layer_ids[:-1], len(vocab.d2t), config
     )
     return draft_config, data, vocab
 

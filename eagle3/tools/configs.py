@@ -74,7 +74,7 @@ def _set(mapping, key: str, value: Any, reason: str, after: str | None = None) -
 
 def _size_streaming(document, gpu: str) -> None:
     """Layout C on `gpu`: the verifier's share of each GPU, and phases where it and the trainer do not fit at once."""
-    from eagle3.params.train import TrainParams
+    from eagle3.params.train import TrainParams, draft_shape_settings
     from eagle3.tools.plan_memory import compute_train_memory, estimate, streamed_fit, verifier_share
     from eagle3.tools.plan_types import PRESETS, Machine
     from eagle3.training.data import tokens_per_process
@@ -89,9 +89,8 @@ def _size_streaming(document, gpu: str) -> None:
     train = TrainParams.model_validate(_plain(document["train"]))
     extract = document["extract"]
     processes = extract["vllm"]["tensor_parallel_size"]
-    layout = tuple(key for key, on in train.draft_layout.model_dump().items() if on)
     vocab = document["vocab"]["draft_vocab_size"]
-    lines = estimate(preset.config, vocab, train.ttt_steps, processes, train.sharding, layout)
+    lines = estimate(preset.config, vocab, train.ttt_steps, processes, train.sharding, draft_shape_settings(train))
     tokens = tokens_per_process(train.max_tokens_per_batch, train.batch_size, processes, extract["max_seq_len"])
     memory = compute_train_memory(lines, tokens, Machine(gpu, processes, 0.0, 0.0, None))
     share = verifier_share(preset.weights_bytes, processes, gpu)

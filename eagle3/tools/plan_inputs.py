@@ -13,6 +13,7 @@ from eagle3.files import read_report_json
 from eagle3.formats.provenance import read_provenance, verifier_location
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.gpu_kinds import GPUS
+from eagle3.params.train import DraftLayout, TrainParams, draft_shape_settings
 from eagle3.paths import EXTRACT_METRICS, PROVENANCE, VERIFIER_DIR
 from eagle3.tools.dvc_config import cache_option, usable_cache_link
 from eagle3.tools.plan_config import Configured
@@ -323,6 +324,14 @@ def planned_work(args: argparse.Namespace, root: Path, configured: Configured) -
     )
 
 
+def draft_shape(args: argparse.Namespace, configured: Configured) -> dict[str, Any]:
+    """The train settings that shape the draft (draft_shape_settings): the params file's (the defaults without
+    one), its layout as --draft-layout says."""
+    train = configured.params.train if configured.params is not None else TrainParams()
+    layout = {name: name in args.draft_layout for name in DraftLayout.model_fields}
+    return {**draft_shape_settings(train), "draft_layout": layout}
+
+
 def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     """Every input, each from the first place that has it, checked, with its source and the warnings."""
     configured, configuration = apply_configuration(args, args.params)
@@ -345,7 +354,8 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     require_parameter_count(args, verifier, there_measured, here_measured)
     cache = check_cache_link(args, root)
     link = probe_link(args, root)
-    memory = estimate(verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding, args.draft_layout)
+    shape = draft_shape(args, configured)
+    memory = estimate(verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding, shape)
     process_tokens = checked.max_tokens  # without params: one longest sample per GPU
     if configured.params is not None:
         train = configured.params.train
@@ -389,7 +399,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     optimizer_step_flops, unpriced = 0.0, []
     if args.optimizer == "muon" and there_preflight.optimizer_step_s is None:
         try:
-            optimizer_step_flops = newton_schulz_flops_for(verifier.config, args.draft_vocab, args.draft_layout)
+            optimizer_step_flops = newton_schulz_flops_for(verifier.config, args.draft_vocab, shape)
         except Eagle3Error as exc:
             unpriced.append(f"optimizer muon: its Newton-Schulz step is not priced ({exc})")
     samples_per_step = float(args.batch_size)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.gpu_kinds import GPUS
-from eagle3.params.train import RECOMPUTE
+from eagle3.params.train import RECOMPUTE, draft_shape_settings
 from eagle3.tools.plan_types import GB, Machine, MemoryEstimate, MemoryLine, to_json
 from eagle3.training.data import tokens_per_process
 
@@ -62,13 +62,13 @@ class TrainMemory:
 
 
 def _cache_key(
-    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str, layout: tuple[str, ...]
+    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str, shape: dict[str, Any]
 ) -> str:
     source = hashlib.sha256()
     for path in sorted(_PACKAGE.rglob("*.py")):
         source.update(path.read_bytes())
     versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers")}
-    inputs = [config, draft_vocab, ttt_steps, processes, sharding, layout, LENGTHS, versions, source.hexdigest()]
+    inputs = [config, draft_vocab, ttt_steps, processes, sharding, shape, LENGTHS, versions, source.hexdigest()]
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -77,12 +77,12 @@ def _cache_dir() -> Path:
 
 
 def _measure(
-    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str, layout: tuple[str, ...]
+    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str, shape: dict[str, Any]
 ) -> dict[str, MemoryLine]:
-    from eagle3.params.train import DraftLayout
+    from eagle3.params.train import TrainParams
     from eagle3.training.memory import Estimator, draft_config_for
 
-    draft = draft_config_for(config, draft_vocab, DraftLayout(**dict.fromkeys(layout, True)))
+    draft = draft_config_for(config, draft_vocab, TrainParams.model_validate(shape))
     estimator = Estimator(draft, ttt_steps)
     lines = {}
     for setting in RECOMPUTE:
@@ -92,18 +92,18 @@ def _measure(
     return lines
 
 
-def newton_schulz_flops_for(config: dict[str, Any], draft_vocab: int, layout: tuple[str, ...]) -> float:
+def newton_schulz_flops_for(config: dict[str, Any], draft_vocab: int, shape: dict[str, Any]) -> float:
     """FLOPs of one Muon step's orthogonalisation (eagle3/training/optimizers.py) for the draft the train stage
-    shapes for this verifier, built on the meta device (shapes only)."""
+    shapes for this verifier and these settings (`shape`: draft_shape_settings), on the meta device (shapes only)."""
     import torch
 
     from eagle3.modeling.draft import Eagle3Draft
-    from eagle3.params.train import DraftLayout
+    from eagle3.params.train import TrainParams
     from eagle3.training.memory import draft_config_for
     from eagle3.training.optimizers import newton_schulz_flops
 
     with torch.device("meta"):
-        draft = Eagle3Draft(draft_config_for(config, draft_vocab, DraftLayout(**dict.fromkeys(layout, True))))
+        draft = Eagle3Draft(draft_config_for(config, draft_vocab, TrainParams.model_validate(shape)))
     return newton_schulz_flops(draft)
 
 
@@ -125,14 +125,17 @@ def estimate(
     ttt_steps: int,
     processes: int,
     sharding: str,
-    draft_layout: tuple[str, ...] = (),
+    shape: dict[str, Any] | None = None,
 ) -> MemoryEstimate:
-    """The lines, from the cache or measured (and cached); `draft_layout`: train.draft_layout's switched-on norms."""
+    """The lines, from the cache or measured (and cached), for the draft `shape` (draft_shape_settings of the train
+    params; None: the defaults) gives."""
+    shape = shape or {}
+    draft_layout = tuple(name for name, on in (shape.get("draft_layout") or {}).items() if on)
     words = (
         f"eagle3/training/memory.py on fake tensors: {ttt_steps} TTT steps, bf16, batch 1, one of {processes} "
-        f"processes ({sharding}), draft layout: {', '.join(draft_layout) or 'no extra norms'}"
+        f"processes ({sharding}), draft layout: {', '.join(draft_layout) or 'no extra norms'}" + _shape_words(shape)
     )
-    key = (config, draft_vocab, ttt_steps, processes, sharding, draft_layout)
+    key = (config, draft_vocab, ttt_steps, processes, sharding, shape)
     try:
         path = _cache_dir() / f"{_cache_key(*key)}.json"
         lines = _cached(path)
@@ -145,6 +148,14 @@ def estimate(
     except Eagle3Error as exc:
         return MemoryEstimate(ttt_steps, processes, sharding, None, f"not estimated: {exc}", draft_layout)
     return MemoryEstimate(ttt_steps, processes, sharding, lines, words, draft_layout)
+
+
+def _shape_words(shape: dict[str, Any]) -> str:
+    """The draft's attention and MLP settings where they are not derived from the verifier."""
+    attention = {key: value for key, value in (shape.get("attention") or {}).items() if value is not None}
+    words = [f"MLP width {shape['intermediate_size']}"] if shape.get("intermediate_size") else []
+    words += [f"attention {', '.join(f'{key} {value}' for key, value in attention.items())}"] if attention else []
+    return "".join(f", {word}" for word in words)
 
 
 def compute_train_memory(estimate_: MemoryEstimate, max_tokens: int, machine: Machine) -> TrainMemory:
@@ -320,8 +331,8 @@ def check_gpu_memory(params: "Params", path: Path) -> list[str]:
         return [f"GPU memory not checked: {source}"]
     per_node = train.launch.processes_per_node
     processes = per_node * train.launch.nodes if isinstance(per_node, int) else 8
-    layout = tuple(name for name, on in train.draft_layout.model_dump().items() if on)
-    lines = estimate(config, params.vocab.draft_vocab_size, train.ttt_steps, processes, train.sharding, layout)
+    shape = draft_shape_settings(train)
+    lines = estimate(config, params.vocab.draft_vocab_size, train.ttt_steps, processes, train.sharding, shape)
     tokens = tokens_per_process(train.max_tokens_per_batch, train.batch_size, processes, extract.max_seq_len)
     memory = compute_train_memory(lines, tokens, Machine(gpu, processes, 0.0, 0.0, None))
     if memory.settings is None:

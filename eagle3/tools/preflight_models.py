@@ -92,13 +92,11 @@ def draft_config(context: Context):
 
     params = context.params
     provenance = context.provenance
-    return DraftConfig.from_verifier(
+    return DraftConfig.for_training(
         read_config(context.model_dir),
         layer_ids(params.extract, provenance)[:-1],
         min(params.vocab.draft_vocab_size, provenance.vocab_size),
-        params.train.intermediate_size,
-        params.train.attention,
-        params.train.draft_layout,
+        params.train,
     )
 
 

@@ -39,7 +39,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config
 from eagle3.formats.provenance import default_aux_layer_ids
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
-from eagle3.params.train import DraftLayout, TrainParams
+from eagle3.params.train import TrainParams
 from eagle3.training.distributed import Dist
 from eagle3.training.objective import Objective, train_step
 from eagle3.training.optimizers import make_optimizer
@@ -266,10 +266,12 @@ class Estimator:
 
 
 def draft_config_for(
-    verifier_config: dict[str, Any], draft_vocab: int, layout: DraftLayout | None = None
+    verifier_config: dict[str, Any], draft_vocab: int, train: TrainParams | None = None
 ) -> DraftConfig:
-    """The draft the train stage shapes for this verifier config (vLLM's default aux layers, attention derived)."""
+    """The draft the train stage shapes for this verifier config with these train settings (the defaults: the
+    attention and MLP derived from the verifier), on vLLM's default aux layers."""
     layers = text_config(verifier_config).get("num_hidden_layers")
     if not isinstance(layers, int):
         raise Eagle3Error("verifier config.json: missing 'num_hidden_layers', needed to shape the draft")
-    return DraftConfig.from_verifier(verifier_config, tuple(default_aux_layer_ids(layers)), draft_vocab, layout=layout)
+    aux_layer_ids = tuple(default_aux_layer_ids(layers))
+    return DraftConfig.for_training(verifier_config, aux_layer_ids, draft_vocab, train or TrainParams())
