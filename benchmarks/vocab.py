@@ -10,16 +10,36 @@ the training split (default: this directory).
 """
 
 import argparse
+import mmap
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+import xxhash
+import zstandard
 
 from eagle3.chat.sequence_plan import load_tokenizer, synthetic_parts
 from eagle3.config import load_params
 from eagle3.formats.provenance import read_provenance
+from eagle3.formats.shard_checks import ShardError, inflated, record_sections
 from eagle3.formats.shards import ShardReader, split_shards
 from eagle3.stages.vocab import count_tokens
+
+
+def token_sections(reader: ShardReader, mapped: memoryview, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The baseline's read: one record's (input ids, loss mask), its checksum and layout checked in place through
+    the memory map, only its two token sections decompressed (the states never decoded)."""
+    entry, where = reader.entries[position], f"{reader.path}: sample {position}"
+    record = mapped[entry["offset"] : entry["offset"] + entry["length"]]
+    if xxhash.xxh3_64_intdigest(record) != entry["xxh3"]:
+        raise ShardError(f"{where}: checksum mismatch")
+    shape = (len(reader.meta.layer_ids), entry["tokens"], reader.meta.hidden_size)
+    (_, tokens, _), sections = record_sections(record, reader.meta.storage, where, shape)
+    decompressor = zstandard.ZstdDecompressor()
+    ids = np.frombuffer(inflated(sections[0], decompressor, where), dtype="<i4").astype(np.int64)
+    mask = np.unpackbits(np.frombuffer(inflated(sections[1], decompressor, where), dtype=np.uint8), count=tokens)
+    return torch.from_numpy(ids), torch.from_numpy(mask.astype(bool))
 
 
 def count_from_shards(paths: list[Path], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,10 +48,14 @@ def count_from_shards(paths: list[Path], vocab_size: int) -> tuple[torch.Tensor,
     for path in paths:
         reader = ShardReader(path, vocab_size)
         answers, tokens = [], []
-        for position in range(len(reader)):
-            input_ids, loss_mask = reader.read_tokens(position)
-            answers.append(input_ids[loss_mask])
-            tokens.append(input_ids)
+        with mmap.mmap(reader.handle.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
+            mapped = memoryview(mapping)
+            for position in range(len(reader)):
+                input_ids, loss_mask = token_sections(reader, mapped, position)
+                answers.append(input_ids[loss_mask])
+                tokens.append(input_ids)
+            del input_ids, loss_mask
+            mapped.release()
         reader.close()
         if tokens:
             masked += torch.bincount(torch.cat(answers), minlength=vocab_size)

@@ -226,14 +226,13 @@ def test_a_crafted_record_is_one_shard_error_before_anything_is_allocated(tmp_pa
     reader = ShardReader(path)
     entry = reader.entries[BIG]
     declared = entry["length"]
-    for read in (reader.read, reader.read_tokens):
-        with _peak() as meter:
-            with pytest.raises(ShardError) as caught:
-                read(BIG)
-        assert str(caught.value).startswith(f"{path}: sample {BIG} (s{BIG}): {message}"), str(caught.value)
-        assert str(caught.value).endswith("rerun `eagle3 extract`") and "\n" not in str(caught.value)
-        # Refused before decoding: at most the record's own bytes (read reads it; read_tokens maps it).
-        assert meter.bytes < 2 * declared, (case, read.__name__, meter.bytes, declared)
+    with _peak() as meter:
+        with pytest.raises(ShardError) as caught:
+            reader.read(BIG)
+    assert str(caught.value).startswith(f"{path}: sample {BIG} (s{BIG}): {message}"), str(caught.value)
+    assert str(caught.value).endswith("rerun `eagle3 extract`") and "\n" not in str(caught.value)
+    # Refused before decoding: at most the record's own bytes, which it reads.
+    assert meter.bytes < 2 * declared, (case, meter.bytes, declared)
     # The other samples still read, exactly.
     sample = reader.read(0)
     assert torch.equal(sample.input_ids, SAMPLES[0][1]) and torch.equal(sample.hidden, SAMPLES[0][3])
@@ -245,7 +244,7 @@ def test_token_ids_beyond_the_verifiers_vocab_are_refused(tmp_path):
     largest = int(SAMPLES[BIG][1].max())
     assert int(SAMPLES[0][1].max()) < largest
     reader = ShardReader(path, vocab_size=largest)
-    assert torch.equal(reader.read_tokens(0)[0], SAMPLES[0][1])  # ids below the vocab size read
+    assert torch.equal(reader.read(0).input_ids, SAMPLES[0][1])  # ids below the vocab size read
     with pytest.raises(ShardError) as caught:
         reader.read(BIG)
     assert str(caught.value) == (
@@ -259,13 +258,12 @@ def test_a_loss_mask_disagreeing_with_the_index_is_refused(tmp_path):
     loss_tokens = int(SAMPLES[BIG][2].sum())
     _craft(path, entry_changes={BIG: {"loss_tokens": loss_tokens - 1}})
     reader = ShardReader(path)
-    for read in (reader.read, reader.read_tokens):
-        with pytest.raises(ShardError) as caught:
-            read(BIG)
-        assert str(caught.value) == (
-            f"{path}: sample {BIG} (s{BIG}): the loss mask holds {loss_tokens} tokens, the index {loss_tokens - 1}; "
-            "delete it and rerun `eagle3 extract`"
-        )
+    with pytest.raises(ShardError) as caught:
+        reader.read(BIG)
+    assert str(caught.value) == (
+        f"{path}: sample {BIG} (s{BIG}): the loss mask holds {loss_tokens} tokens, the index {loss_tokens - 1}; "
+        "delete it and rerun `eagle3 extract`"
+    )
 
 
 # --- hostile headers, indexes and footers --------------------------------------------------------------------
@@ -468,11 +466,6 @@ def _expect_original(reader, position, written):
         assert torch.equal(sample.hidden.view(torch.int16), written[position].hidden.view(torch.int16))
     except ShardError:
         pass
-    try:
-        ids, mask = reader.read_tokens(position)
-        assert torch.equal(ids, written[position].input_ids) and torch.equal(mask, written[position].loss_mask)
-    except ShardError:
-        pass
 
 
 def _expect_declared(reader, position, written):
@@ -484,11 +477,6 @@ def _expect_declared(reader, position, written):
         assert sample.hidden.shape == shape and sample.hidden.dtype == torch.bfloat16
         assert sample.input_ids.shape == sample.loss_mask.shape == (entry["tokens"],)
         assert int(sample.loss_mask.sum()) == entry["loss_tokens"] and int(sample.input_ids.min()) >= 0
-    except ShardError:
-        pass
-    try:
-        ids, mask = reader.read_tokens(position)
-        assert ids.shape == mask.shape == (entry["tokens"],) and ids.dtype == torch.int64
     except ShardError:
         pass
 

@@ -68,7 +68,6 @@ The directory (data/hidden/)::
 
 import contextlib
 import json
-import mmap
 import os
 import struct
 import threading
@@ -238,19 +237,6 @@ def decode_sample(
     return input_ids, loss_mask, hidden
 
 
-def decode_tokens(
-    record,
-    storage: StorageName = DEFAULT_STORAGE,
-    decompressor=None,
-    where: str = "record",
-    shape: tuple[int, int, int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Only the input ids and the loss mask (the whole layout still checked): the hidden-state planes (all but a
-    few bytes per token) stay compressed."""
-    (_, tokens, _), sections = record_sections(record, storage, where, shape)
-    return _decode_tokens(decompressor or zstandard.ZstdDecompressor(), tokens, sections, where)
-
-
 class ShardWriter:
     """Streams samples into one shard. Compression runs on `threads` threads (zstd releases the GIL) with at most
     2 x threads samples in flight, so memory stays bounded whatever the shard size."""
@@ -390,7 +376,6 @@ class ShardReader:
             raise ShardError(f"{self.path}: index checksum mismatch: the shard is damaged; {REEXTRACT}")
         self.entries = index_entries(self.path, index, (records_start, offset))
         self.position = {entry["id"]: i for i, entry in enumerate(self.entries)}
-        self._mapped: memoryview | None = None
 
     def _truncated(self) -> ShardError:
         return ShardError(f"{self.path}: truncated or unfinished shard (no valid end marker); {REEXTRACT}")
@@ -411,21 +396,6 @@ class ShardReader:
         input_ids, loss_mask, hidden = decode_sample(record, self.meta.storage, where, self._shape(position))
         self._check_tokens(position, input_ids, loss_mask)
         return Sample(entry["id"], input_ids, loss_mask, hidden)
-
-    def read_tokens(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input ids, loss mask) of one sample, checked like `read`, without decoding its states. The record is
-        checked in place through a memory map: only its token sections are ever copied."""
-        if self._mapped is None:
-            self._map = mmap.mmap(self.handle.fileno(), 0, access=mmap.ACCESS_READ)
-            self._mapped = memoryview(self._map)
-            self._decompressor = zstandard.ZstdDecompressor()
-        entry = self.entries[position]
-        record = self._checked(position, self._mapped[entry["offset"] : entry["offset"] + entry["length"]])
-        input_ids, loss_mask = decode_tokens(
-            record, self.meta.storage, self._decompressor, self._where(position), self._shape(position)
-        )
-        self._check_tokens(position, input_ids, loss_mask)
-        return input_ids, loss_mask
 
     def _checked(self, position: int, record):
         entry, where = self.entries[position], self._where(position)
@@ -450,13 +420,6 @@ class ShardReader:
             )
 
     def close(self) -> None:
-        if self._mapped is not None:
-            self._mapped.release()
-            self._mapped = None
-            # A record view still referenced (by the traceback of a checksum error being raised) keeps the map
-            # open; it unmaps itself when that view goes.
-            with contextlib.suppress(BufferError):
-                self._map.close()
         self.handle.close()
 
 
