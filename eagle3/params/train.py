@@ -18,6 +18,7 @@ def _yaml_off(value: Any) -> Any:
 ActivationCheckpointing = Annotated[Literal["off", "mlp", "full"], BeforeValidator(_yaml_off)]
 RECOMPUTE = get_args(get_args(ActivationCheckpointing)[0])
 Sharding = Literal["ddp", "fsdp"]
+Optimizer = Literal["adamw", "muon"]
 GpuKind = Literal[tuple(GPUS)]  # type: ignore[valid-type]
 # Deeper than any published draft (SpecForge's Kimi drafts: 7): each step is a whole draft layer unrolled, and the
 # training memory estimate builds every one.
@@ -114,7 +115,7 @@ class TrainParams(Section):
     # adamw: AdamW on every trained parameter. muon: torch.optim.Muon on the hidden matrices (fc, the decoder
     # layer's projections; its step scaled to AdamW's size, so learning_rate keeps its meaning) and AdamW on the
     # norms and the output head (eagle3/training/optimizers.py). muon needs whole matrices: not with sharding fsdp.
-    optimizer: Literal["adamw", "muon"] = "adamw"
+    optimizer: Optimizer = "adamw"
     # muon: the decoupled weight decay of the matrices Muon updates (weight_decay stays AdamW's).
     muon_weight_decay: float = Field(0.1, ge=0)
     # The draft's output head stays at the verifier's rows of the draft vocabulary, as speculators trains it;

@@ -6,11 +6,12 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from eagle3.errors import Eagle3Error
 from eagle3.formats.storage import STORAGES
 from eagle3.gpu_kinds import GPUS
-from eagle3.params.train import MAX_TTT_STEPS, RECOMPUTE, DraftLayout
+from eagle3.params.train import MAX_TTT_STEPS, RECOMPUTE, DraftLayout, Optimizer, Sharding
 from eagle3.paths import EXTRACT_METRICS
 from eagle3.tools.plan_config import CONFIGURED
 from eagle3.tools.plan_types import CACHE_LINKS, PRESETS, Budget
@@ -150,7 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ttt-steps", type=int, help=f"training-time test depth, for the training memory ({_configured('ttt_steps')})"
     )
     training.add_argument(
-        "--sharding", choices=["ddp", "fsdp"], help=f"for the training memory per GPU ({_configured('sharding')})"
+        "--sharding",
+        choices=list(get_args(Sharding)),
+        help=f"for the training memory per GPU ({_configured('sharding')})",
     )
     training.add_argument(
         "--draft-layout",
@@ -166,7 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     training.add_argument(
         "--optimizer",
-        choices=["adamw", "muon"],
+        choices=list(get_args(Optimizer)),
         help=f"train.optimizer, for the training time and memory ({_configured('optimizer')})",
     )
     training.add_argument(

@@ -11,7 +11,7 @@ extract.storage (the ratio). A file that is not a preflight report is one error 
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -20,6 +20,7 @@ from eagle3.files import read_report_json
 from eagle3.formats.storage import StorageName
 from eagle3.gpu_kinds import GPUS
 from eagle3.hashing import sha256_file
+from eagle3.params.train import Optimizer
 from eagle3.tools.plan_types import Machine, VerifierShape
 
 TB = 1e12
@@ -76,7 +77,7 @@ class _TrainingFigures(_Part):
     device: Text | None = None
     measured_tokens: Annotated[int, Field(ge=1, lt=100_000_000)] | None = None
     precision: Text | None = None
-    optimizer: Literal["adamw", "muon"] | None = None
+    optimizer: Optimizer | None = None
     optimizer_step_seconds: Annotated[float, Field(ge=0, lt=1e6, allow_inf_nan=False)] | None = None
 
 
