@@ -263,7 +263,7 @@ def test_training_memory_names_the_setting_that_fits_or_the_longest_sample(tmp_p
 
 
 def test_storage_options_from_a_ratio_measured_with_another_storage(tmp_path):
-    from eagle3.tools.plan_inputs import STORAGE_GAIN
+    from eagle3.tools.plan_measured import STORAGE_GAIN
 
     _metrics(tmp_path)  # 1.476, an older metrics file without "storage": lossless
     _provenance(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct")
