@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle3.modeling.draft import RMSNorm
+from eagle3.modeling.norms import RMSNorm
 from eagle3.modeling.reference_attention import reference_ttt_attention
 from eagle3.training import soft_cross_entropy as module
 from eagle3.training.memory import PeakBytes

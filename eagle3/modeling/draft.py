@@ -41,8 +41,10 @@ from torch.utils.checkpoint import checkpoint
 from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.modeling.attention import ttt_attention
+from eagle3.modeling.mla_attention import MLAAttention
+from eagle3.modeling.norms import RMSNorm
 from eagle3.modeling.ttt_alignment import input_offset, shift_left
-from eagle3.params.train import RECOMPUTE, DraftAttention, DraftLayout, TrainParams
+from eagle3.params.train import RECOMPUTE, DraftAttention, DraftLayer, DraftLayout, DraftMLA, TrainParams
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 
@@ -50,6 +52,8 @@ KeysValues = tuple[torch.Tensor, torch.Tensor]
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
 # An MLA verifier's draft (train.attention's docs): the shape of published Kimi-K2.5 drafts.
 MLA_HEAD_DIM, MLA_HIDDEN_PER_HEAD, MLA_ROPE_THETA = 128, 112, 1e6
+# The MLA draft layer's shape, under vLLM's (and transformers' DeepseekV2Config's) names.
+MLA_KEYS = tuple(DraftMLA.model_fields)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,15 @@ class DraftConfig:
     norm_before_fc: bool = False
     norm_output: bool = False
     norm_before_residual: bool = False
+    # train.draft_layer; llama in checkpoints made before it existed. With mla, the MLA shape below (zeros: llama),
+    # num_key_value_heads = num_attention_heads and head_dim = qk_rope_head_dim (what rope rotates, as transformers'
+    # DeepseekV2Config sets it).
+    draft_layer: DraftLayer = "llama"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     @classmethod
     def for_training(
@@ -85,6 +98,8 @@ class DraftConfig:
             train.intermediate_size,
             train.attention,
             train.draft_layout,
+            train.draft_layer,
+            train.mla,
         )
 
     @classmethod
@@ -96,9 +111,12 @@ class DraftConfig:
         intermediate_size: int | None = None,
         attention: DraftAttention | None = None,
         layout: DraftLayout | None = None,
+        layer: DraftLayer = "llama",
+        mla: DraftMLA | None = None,
     ) -> "DraftConfig":
         """The draft for this verifier: its hidden size, vocabulary and MLP width; attention and rope as
-        `attention` (train.attention) says, each null derived from the verifier; `layout` (train.draft_layout)."""
+        `attention` (train.attention) says, each null derived from the verifier; `layout` (train.draft_layout);
+        `layer` (train.draft_layer) and, for mla, its shape as `mla` (train.mla) says."""
         text = text_config(verifier_config)
         attention = attention or DraftAttention()
         layout = layout or DraftLayout()
@@ -123,11 +141,19 @@ class DraftConfig:
                     f"train.attention: {kv_heads} KV heads (derived from the verifier) do not divide "
                     f"num_attention_heads {heads}; set train.attention.num_key_value_heads"
                 )
+            head_dim = attention.head_dim or derived[2]
+            if layer == "mla":
+                if uses_mla(text) and not attention.num_attention_heads:
+                    heads = text["num_attention_heads"]
+                latent = _mla_shape(text, mla or DraftMLA(), head_dim)
+                kv_heads, head_dim = heads, latent["qk_rope_head_dim"]
+            else:
+                latent = {}
             return cls(
                 hidden_size=hidden,
                 num_attention_heads=heads,
                 num_key_value_heads=kv_heads,
-                head_dim=attention.head_dim or derived[2],
+                head_dim=head_dim,
                 intermediate_size=intermediate_size or text["intermediate_size"],
                 rms_norm_eps=text.get("rms_norm_eps", 1e-6),
                 hidden_act=text.get("hidden_act", "silu"),
@@ -135,8 +161,10 @@ class DraftConfig:
                 draft_vocab_size=draft_vocab_size,
                 max_position_embeddings=text["max_position_embeddings"],
                 aux_layer_ids=tuple(aux_layer_ids),
-                rope=_rope(verifier_rope, attention),
+                rope=_rope(verifier_rope, attention, layer),
                 **layout.model_dump(),
+                draft_layer=layer,
+                **latent,
             )
         except KeyError as exc:
             raise Eagle3Error(f"verifier config.json: missing {exc.args[0]!r}, needed to shape the draft") from None
@@ -159,6 +187,11 @@ class DraftConfig:
             rope={key: config[key] for key in ROPE_KEYS if config.get(key) is not None},
             # Absent: false, as vLLM's loaders of this format read it.
             **{key: bool(config.get(key, False)) for key in DraftLayout.model_fields},
+            **(
+                {"draft_layer": "mla", **{key: config[key] for key in MLA_KEYS}}
+                if config.get("kv_lora_rank")
+                else {}
+            ),
         )
 
     @property
@@ -187,9 +220,43 @@ class DraftConfig:
         return {**asdict(self), "aux_layer_ids": list(self.aux_layer_ids)}
 
 
-def _rope(verifier_rope: dict[str, Any], attention: DraftAttention) -> dict[str, Any]:
+def _mla_shape(text: dict[str, Any], mla: DraftMLA, head_dim: int) -> dict[str, Any]:
+    """The MLA layer's shape (DraftConfig's MLA_KEYS): each train.mla value, else an MLA verifier's own, else derived
+    from the draft's head_dim (DraftMLA's docs)."""
+    if uses_mla(text):
+        derived = {key: text.get(key) for key in MLA_KEYS}
+    else:
+        derived = {
+            "q_lora_rank": None,
+            "kv_lora_rank": 4 * head_dim,
+            "qk_nope_head_dim": head_dim,
+            "qk_rope_head_dim": max(2, head_dim // 2 // 2 * 2),
+            "v_head_dim": head_dim,
+        }
+    chosen = {key: getattr(mla, key) or derived[key] for key in MLA_KEYS}
+    if mla.q_lora_rank == "none":
+        chosen["q_lora_rank"] = None
+    missing = [key for key in MLA_KEYS if key != "q_lora_rank" and not chosen[key]]
+    if missing:
+        raise Eagle3Error(f"train.mla: the verifier's config has no {missing[0]}; set train.mla.{missing[0]}")
+    return chosen
+
+
+def _rope(verifier_rope: dict[str, Any], attention: DraftAttention, layer: DraftLayer = "llama") -> dict[str, Any]:
     """The draft's rope config keys: the verifier's own (verbatim) unless train.attention sets theta or scaling;
-    then transformers' `rope_parameters` built from the verifier's values and the overrides."""
+    then transformers' `rope_parameters` built from the verifier's values and the overrides. The MLA layer's always
+    as `rope_parameters`, and unscaled: vLLM's MLA draft turns every scaled rope into DeepSeek's YaRN."""
+    if layer == "mla":
+        rope = _rope(verifier_rope, attention)
+        parameters = rope.get("rope_parameters") or {"rope_type": "default", **(rope.get("rope_scaling") or {})}
+        theta = parameters.get("rope_theta") or rope.get("rope_theta") or MLA_ROPE_THETA
+        if (parameters.get("rope_type") or parameters.get("type") or "default") != "default":
+            raise Eagle3Error(
+                f"train.draft_layer mla: the draft's rope would be {parameters.get('rope_type') or parameters['type']}"
+                "-scaled, which vLLM's MLA draft computes as DeepSeek's YaRN and training does not; set "
+                "train.attention.rope_scaling: none"
+            )
+        return {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
     if attention.rope_theta is None and attention.rope_scaling is None:
         return verifier_rope
     base = dict(verifier_rope.get("rope_parameters") or verifier_rope.get("rope_scaling") or {})
@@ -203,56 +270,6 @@ def _rope(verifier_rope: dict[str, Any], attention: DraftAttention) -> dict[str,
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
     return {"rope_parameters": {"rope_type": rope_type, **scaling, "rope_theta": theta}}
-
-
-def norm_dtype(weight: torch.Tensor, x: torch.Tensor) -> torch.dtype:
-    """What RMSNorm returns: under autocast, x's dtype (every consumer is a matmul that rounds to it anyway: the
-    same values in half the bytes); outside autocast, the dtype weight * x has."""
-    return x.dtype if torch.is_autocast_enabled(x.device.type) else torch.promote_types(weight.dtype, x.dtype)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype):
-    """(weight * x / rms(x) in `dtype`, the per-row 1 / rms in fp32), in fp32 as transformers' LlamaRMSNorm."""
-    inverse = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    return (weight * (x.float() * inverse).to(x.dtype)).to(dtype), inverse
-
-
-def rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, inverse: torch.Tensor):
-    """(gradient with respect to x in x's dtype, with respect to weight in fp32) of rms_norm, recomputed from x."""
-    wide, grad = x.float(), grad.float()
-    grad_weight = (grad * (wide * inverse).to(x.dtype)).reshape(-1, weight.shape[0]).sum(0)
-    # The gradient reaching the normalised x is rounded to x's dtype, as autograd of rms_norm rounds it.
-    grad_normed = (grad * weight).to(x.dtype).float()
-    along = (grad_normed * wide).sum(-1, keepdim=True) * inverse.pow(3) / x.shape[-1]
-    return (grad_normed * inverse - wide * along).to(x.dtype), grad_weight
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    """rms_norm keeping only x (in its own dtype) and the per-row inverse norm for the backward: autograd of the
-    expression keeps an fp32 copy of x, and its fp32 output makes each bf16 matmul after it keep a copy of its
-    own."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps, dtype):
-        out, inverse = rms_norm(x, weight, eps, dtype)
-        ctx.save_for_backward(x, weight, inverse)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight, inverse = ctx.saved_tensors
-        grad_x, grad_weight = rms_norm_backward(grad, x, weight, inverse)
-        return grad_x, grad_weight.to(weight.dtype), None, None
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFunction.apply(x, self.weight, self.eps, norm_dtype(self.weight, x))
 
 
 class TTTAttention(nn.Module):
@@ -300,7 +317,7 @@ class MidLayer(nn.Module):
 
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = TTTAttention(config)
+        self.self_attn = MLAAttention(config) if config.draft_layer == "mla" else TTTAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config.llama_config())
         self.norm_before_residual = config.norm_before_residual

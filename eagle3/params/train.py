@@ -19,6 +19,9 @@ ActivationCheckpointing = Annotated[Literal["off", "mlp", "full"], BeforeValidat
 RECOMPUTE = get_args(get_args(ActivationCheckpointing)[0])
 Sharding = Literal["ddp", "fsdp"]
 Optimizer = Literal["adamw", "muon"]
+# train.draft_layer: the draft's decoder layer (eagle3/modeling/draft.py): llama, grouped-query attention as vLLM's
+# llama_eagle3.py runs it; mla, multi-head latent attention as its deepseek_eagle3.py runs it.
+DraftLayer = Literal["llama", "mla"]
 GpuKind = Literal[tuple(GPUS)]  # type: ignore[valid-type]
 # Deeper than any published draft (SpecForge's Kimi drafts: 7): each step is a whole draft layer unrolled, and the
 # training memory estimate builds every one.
@@ -67,6 +70,27 @@ class DraftAttention(Section):
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
         if heads is not None and kv_heads is not None and heads % kv_heads:
             raise ValueError(f"num_key_value_heads {kv_heads} must divide num_attention_heads {heads}")
+        return self
+
+
+class DraftMLA(Section):
+    """The MLA draft layer's shape (train.draft_layer mla), under vLLM's config names; each null is derived: an MLA
+    verifier's own values (Kimi-K2.5: q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64,
+    v_head_dim 128), else from the draft's head_dim d: no query compression, kv_lora_rank 4d, qk_nope_head_dim d,
+    qk_rope_head_dim d/2, v_head_dim d. vLLM-CPU's MLA backend runs only kv_lora_rank + qk_rope_head_dim = 576."""
+
+    # The query's low-rank width; none: a full-rank q_proj.
+    q_lora_rank: PositiveInt | Literal["none"] | None = None
+    # The compressed key/value width cached per token (with the rope part: the draft's KV cache per token).
+    kv_lora_rank: PositiveInt | None = None
+    qk_nope_head_dim: PositiveInt | None = None
+    qk_rope_head_dim: PositiveInt | None = None
+    v_head_dim: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _rope_dim_even(self) -> "DraftMLA":
+        if self.qk_rope_head_dim is not None and self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim {self.qk_rope_head_dim} must be even (rope rotates pairs)")
         return self
 
 
@@ -151,7 +175,11 @@ class TrainParams(Section):
     sharding: Sharding = execution_only("ddp")
     # MLP width of the draft layer; null: the verifier's intermediate_size.
     intermediate_size: PositiveInt | None = None
+    # llama: grouped-query attention (train.attention's shape); mla: multi-head latent attention (train.mla's shape),
+    # with a dense MLP and the same norms (draft_layout; vLLM's MLA draft has no norm_before_fc).
+    draft_layer: DraftLayer = "llama"
     attention: DraftAttention = DraftAttention()
+    mla: DraftMLA = DraftMLA()
     draft_layout: DraftLayout = DraftLayout()
     checkpoint_every: PositiveInt = execution_only(100)
     keep_checkpoints: PositiveInt = execution_only(2)
@@ -169,6 +197,11 @@ class TrainParams(Section):
             raise ValueError(
                 f"min_learning_rate {self.min_learning_rate} must be <= learning_rate {self.learning_rate}"
             )
+        if self.draft_layer == "mla" and self.draft_layout.norm_before_fc:
+            raise ValueError(
+                "draft_layer: vLLM's MLA draft (deepseek_eagle3.py) has no norm_before_fc; use fc_norm, or draft_layer "
+                "llama"
+            )
         if self.optimizer == "muon" and self.sharding == "fsdp":
             raise ValueError(
                 "optimizer: muon orthogonalises whole matrices, which fsdp splits over the processes; use sharding "
@@ -179,7 +212,7 @@ class TrainParams(Section):
 
 # The train settings that shape the draft (eagle3/modeling/draft.py DraftConfig.for_training): what the train stage,
 # preflight and the plan's memory estimate all build it from.
-DRAFT_SHAPE_KEYS = ("intermediate_size", "attention", "draft_layout")
+DRAFT_SHAPE_KEYS = ("intermediate_size", "draft_layer", "attention", "mla", "draft_layout")
 
 
 def draft_shape_settings(train: TrainParams) -> dict:

@@ -15,7 +15,7 @@ than one per step (0.9 GiB each for Kimi-K2.5's draft head), and the features' g
 
 import torch
 
-from eagle3.modeling.draft import norm_dtype, rms_norm, rms_norm_backward
+from eagle3.modeling.norms import norm_dtype, rms_norm, rms_norm_backward
 
 # Logit elements per chunk (256 MiB in fp32): ~2K rows of a 32K draft vocab, enough to keep a GPU's matmuls busy.
 CHUNK_ELEMENTS = 1 << 26

@@ -1,0 +1,169 @@
+"""The MLA draft layer (train.draft_layer mla): its attention against the absorbed form vLLM decodes in, its shape
+from the verifier and train.mla, and its export and load in vLLM's deepseek_eagle3 format."""
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from eagle3.errors import Eagle3Error
+from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.params.train import DraftAttention, DraftLayout, DraftMLA, TrainParams
+
+LLAMA_VERIFIER = {
+    "hidden_size": 48,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 12,
+    "intermediate_size": 96,
+    "num_hidden_layers": 8,
+    "vocab_size": 100,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0},
+}
+# Kimi-K2.5's text backbone, as far as the draft's shape reads it.
+KIMI_TEXT = {
+    "hidden_size": 7168,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "intermediate_size": 18432,
+    "num_hidden_layers": 61,
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "rope_scaling": {"type": "yarn", "factor": 64.0},
+    "rope_theta": 50000.0,
+}
+
+
+def mla_draft(mla: DraftMLA | None = None, seed: int = 0) -> Eagle3Draft:
+    config = DraftConfig.from_verifier(
+        LLAMA_VERIFIER, (1, 4, 6), 40, layout=DraftLayout(fc_norm=True, norm_output=True), layer="mla", mla=mla
+    )
+    draft = Eagle3Draft(config)
+    generator = torch.Generator().manual_seed(seed)
+    draft.init_weights(generator)
+    with torch.no_grad():
+        for module in draft.modules():
+            if hasattr(module, "eps"):
+                module.weight.copy_(1 + 0.3 * torch.randn(module.weight.shape, generator=generator))
+    return draft.double()
+
+
+def _rope_interleaved(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """vLLM's is_neox_style=False rotation, written out: pair (2i, 2i+1) turns by position * theta^(-2i/d)."""
+    dim = x.shape[-1]
+    angles = positions[:, None].double() * theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    if x.dim() == 3:  # [T, heads, d]
+        cos, sin = cos[:, None], sin[:, None]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
+def _absorbed_attention(attn, inputs: list[torch.Tensor], theta: float) -> list[torch.Tensor]:
+    """Each TTT step's attention output for one sequence, computed as vLLM's MLA decode computes it: the cache holds
+    only each position's normed compressed vector and its roped shared key; the query's no-rope part goes through
+    kv_b_proj's key half into the compressed space, the output comes back through its value half. Step i's query
+    at position t sees step 0's entries at positions <= t and steps 1..i's entries at t itself."""
+    tokens = inputs[0].shape[0]
+    heads, nope, rope, v_dim, rank = attn.heads, attn.nope, attn.rope, attn.v_dim, attn.kv_lora_rank
+    w_b = attn.kv_b_proj.weight.view(heads, nope + v_dim, rank)
+    w_uk, w_uv = w_b[:, :nope], w_b[:, nope:]
+    latents, rope_keys, outputs = [], [], []
+    for step, x in enumerate(inputs):
+        positions = torch.arange(tokens) + step
+        compressed, k_rope = attn.kv_a_proj_with_mqa(x).split([rank, rope], -1)
+        latents.append(attn.kv_a_layernorm(compressed))
+        rope_keys.append(_rope_interleaved(k_rope, positions, theta))
+        q = attn.query(x).view(tokens, heads, nope + rope)
+        q_nope, q_rope = q[..., :nope], _rope_interleaved(q[..., nope:], positions, theta)
+        q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk)
+        rows = []
+        for t in range(tokens):
+            keys_latent = torch.cat([latents[0][: t + 1], *(latent[t : t + 1] for latent in latents[1:])])
+            keys_rope = torch.cat([rope_keys[0][: t + 1], *(key[t : t + 1] for key in rope_keys[1:])])
+            scores = (q_latent[t] @ keys_latent.T + q_rope[t] @ keys_rope.T) / (nope + rope) ** 0.5
+            rows.append(torch.einsum("hr,hvr->hv", scores.softmax(-1) @ keys_latent, w_uv).flatten())
+        outputs.append(attn.o_proj(torch.stack(rows)))
+    return outputs
+
+
+@pytest.mark.parametrize(
+    "mla", [DraftMLA(), DraftMLA(q_lora_rank=20, v_head_dim=20, qk_rope_head_dim=8)], ids=["derived", "q-lora"]
+)
+def test_mla_attention_equals_the_absorbed_form_vllm_decodes_in(mla):
+    """Forward and gradients of three TTT steps against the absorbed form over a latent-only cache, in float64 but for
+    the norms, which compute in fp32 by design (eagle3/modeling/norms.py): a wiring error shows at 1e-3, rounding at
+    1e-9. v_head_dim 20 > nope + rope covers the padding on the other side."""
+    draft = mla_draft(mla)
+    attn, theta = draft.midlayer.self_attn, draft.config.rope["rope_parameters"]["rope_theta"]
+    tokens = 7
+    generator = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(tokens, 2 * 48, generator=generator, dtype=torch.float64) for _ in range(3)]
+    weights = [torch.randn(tokens, 48, generator=generator, dtype=torch.float64) for _ in range(3)]
+
+    cache: list = []
+    ours = []
+    positions = torch.arange(tokens)[None]
+    for step, x in enumerate(inputs):
+        cos, sin = draft.rotary(x[None], positions + step)
+        out, k, v = attn(x[None], cos, sin, tuple(cache))
+        cache.append((k, v))
+        ours.append(out[0])
+    theirs = _absorbed_attention(attn, inputs, theta)
+
+    def gradients(outputs):
+        draft.zero_grad()
+        sum((out * w).sum() for out, w in zip(outputs, weights, strict=True)).backward()
+        return {name: p.grad.clone() for name, p in attn.named_parameters()}
+
+    for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-8), f"step {step}: {(a - b).abs().max()}"
+    ours_grads, theirs_grads = gradients(ours), gradients(theirs)
+    assert set(ours_grads) == set(theirs_grads)
+    for name, grad in ours_grads.items():
+        assert grad.abs().max() > 0, name
+        assert torch.allclose(grad, theirs_grads[name], rtol=1e-5, atol=1e-7), (name, (grad - theirs_grads[name]).abs().max())
+
+
+def test_mla_shape_from_an_mla_verifier_from_a_llama_one_and_from_train_mla():
+    kimi = DraftConfig.from_verifier(KIMI_TEXT, (2, 30, 58), 32000, layer="mla")
+    assert (kimi.num_attention_heads, kimi.num_key_value_heads, kimi.head_dim) == (64, 64, 64)
+    assert (kimi.q_lora_rank, kimi.kv_lora_rank, kimi.qk_nope_head_dim, kimi.qk_rope_head_dim, kimi.v_head_dim) == (
+        1536,
+        512,
+        128,
+        64,
+        128,
+    )
+    # The Llama-style layer's rope for an MLA verifier (unscaled, theta 1e6), not Kimi's YaRN.
+    assert kimi.rope == {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    llama = DraftConfig.from_verifier(LLAMA_VERIFIER, (1, 4, 6), 40, layer="mla")
+    assert (llama.num_attention_heads, llama.q_lora_rank, llama.kv_lora_rank) == (4, None, 48)
+    assert (llama.qk_nope_head_dim, llama.qk_rope_head_dim, llama.v_head_dim, llama.head_dim) == (12, 6, 12, 6)
+    assert llama.rope == {"rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}
+    chosen = DraftConfig.from_verifier(
+        KIMI_TEXT, (2, 30, 58), 32000, layer="mla", mla=DraftMLA(q_lora_rank="none", kv_lora_rank=256)
+    )
+    assert (chosen.q_lora_rank, chosen.kv_lora_rank, chosen.qk_rope_head_dim) == (None, 256, 64)
+    assert DraftConfig.from_verifier(KIMI_TEXT, (2, 30, 58), 32000).draft_layer == "llama"
+
+
+def test_mla_layer_refuses_what_vllm_would_compute_otherwise():
+    with pytest.raises(ValidationError, match="no norm_before_fc"):
+        TrainParams(draft_layer="mla", draft_layout=DraftLayout(norm_before_fc=True))
+    with pytest.raises(ValidationError, match="must be even"):
+        DraftMLA(qk_rope_head_dim=7)
+    yarn = {**LLAMA_VERIFIER, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5000.0}}
+    with pytest.raises(Eagle3Error, match="rope_scaling: none"):
+        DraftConfig.from_verifier(yarn, (1, 4, 6), 40, layer="mla")
+    unscaled = DraftConfig.from_verifier(
+        yarn, (1, 4, 6), 40, attention=DraftAttention(rope_scaling="none"), layer="mla"
+    )
+    assert unscaled.rope == {"rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}
