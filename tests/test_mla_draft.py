@@ -1,13 +1,18 @@
 """The MLA draft layer (train.draft_layer mla): its attention against the absorbed form vLLM decodes in, its shape
 from the verifier and train.mla, and its export and load in vLLM's deepseek_eagle3 format."""
 
+import json
+
 import pytest
 import torch
 from pydantic import ValidationError
+from safetensors.torch import load_file
 
 from eagle3.errors import Eagle3Error
-from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.formats.exported_draft import check_draft, load_exported_draft, write_drafts
+from eagle3.modeling.draft import MLA_KEYS, DraftConfig, Eagle3Draft
 from eagle3.params.train import DraftAttention, DraftLayout, DraftMLA, TrainParams
+from eagle3.stages.vocab import mapping
 
 LLAMA_VERIFIER = {
     "hidden_size": 48,
@@ -129,7 +134,10 @@ def test_mla_attention_equals_the_absorbed_form_vllm_decodes_in(mla):
     assert set(ours_grads) == set(theirs_grads)
     for name, grad in ours_grads.items():
         assert grad.abs().max() > 0, name
-        assert torch.allclose(grad, theirs_grads[name], rtol=1e-5, atol=1e-7), (name, (grad - theirs_grads[name]).abs().max())
+        assert torch.allclose(grad, theirs_grads[name], rtol=1e-5, atol=1e-7), (
+            name,
+            (grad - theirs_grads[name]).abs().max(),
+        )
 
 
 def test_mla_shape_from_an_mla_verifier_from_a_llama_one_and_from_train_mla():
@@ -167,3 +175,82 @@ def test_mla_layer_refuses_what_vllm_would_compute_otherwise():
         yarn, (1, 4, 6), 40, attention=DraftAttention(rope_scaling="none"), layer="mla"
     )
     assert unscaled.rope == {"rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}
+
+
+def test_mla_draft_exports_as_vllm_deepseek_eagle3_loads_it_and_back(tmp_path):
+    """The vLLM format with the architecture vLLM maps to Eagle3DeepseekV2ForCausalLM and every tensor its loader
+    reads; loaded back (as the offline estimate loads it) it computes what the trained draft does; the speculators
+    directory says why it holds no draft, and a speculators draft left there by an earlier export is gone."""
+    draft = mla_draft(DraftMLA(q_lora_rank=20)).float()
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps(LLAMA_VERIFIER))
+    (tmp_path / "speculators").mkdir()
+    (tmp_path / "speculators/config.json").write_text("{}")
+    d2t, t2d = mapping(torch.arange(0, 80, 2), 100)
+    write_drafts(
+        draft,
+        d2t,
+        t2d,
+        tmp_path / "draft",
+        tmp_path / "speculators",
+        dtype="float32",
+        num_speculative_tokens=3,
+        verifier_name="tiny/verifier",
+        verifier_architectures=["LlamaForCausalLM"],
+    )
+    config = json.loads((tmp_path / "draft/config.json").read_text())
+    assert (config["architectures"], config["model_type"]) == (["Eagle3DeepseekV2ForCausalLM"], "deepseek_v2")
+    assert {key: config[key] for key in MLA_KEYS} == {
+        "q_lora_rank": 20,
+        "kv_lora_rank": 48,
+        "qk_nope_head_dim": 12,
+        "qk_rope_head_dim": 6,
+        "v_head_dim": 12,
+    }
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 5000.0}
+    names = set(load_file(tmp_path / "draft/model.safetensors"))
+    attention = {name.removeprefix("midlayer.self_attn.") for name in names if "self_attn" in name}
+    assert attention == {
+        f"{name}.weight"
+        for name in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj")
+    } | {"o_proj.weight"}
+    assert sorted(path.name for path in (tmp_path / "speculators").iterdir()) == ["README.md"]
+    assert "Eagle3DeepseekV2ForCausalLM" in (tmp_path / "speculators/README.md").read_text()
+    assert check_draft(tmp_path / "draft", verifier, draft.config.layout) == []
+    loaded, _ = load_exported_draft(tmp_path / "draft")
+    assert loaded.config == draft.config
+    ids, aux = torch.randint(0, 100, (1, 12)), torch.randn(1, 12, 144) * 30
+    embed = torch.nn.Embedding(100, 48)
+    with torch.no_grad():
+        for ours, theirs in zip(
+            draft.eval().unroll(ids, aux, embed, 3), loaded.unroll(ids, aux, embed, 3), strict=True
+        ):
+            assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "breakage, expected",
+    [
+        (lambda c: c.pop("qk_rope_head_dim"), "config qk_rope_head_dim is missing: an MLA draft"),
+        (lambda c: c.update(model_type="deepseek_v3"), "model_type is 'deepseek_v3', expected 'deepseek_v2'"),
+        (lambda c: c.update(architectures=["LlamaForCausalLMEagle3"]), "expected ['Eagle3DeepseekV2ForCausalLM']"),
+        (lambda c: c.update(kv_lora_rank=32), "tensor midlayer.self_attn.kv_a_layernorm.weight has shape [48]"),
+    ],
+    ids=["missing-key", "mtp-model-type", "llama-architecture", "rank-disagrees"],
+)
+def test_validate_draft_checks_the_mla_keys_vllm_reads(tmp_path, breakage, expected):
+    draft = mla_draft().float()
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps(LLAMA_VERIFIER))
+    d2t, t2d = mapping(torch.arange(0, 80, 2), 100)
+    write_drafts(draft, d2t, t2d, tmp_path / "draft", tmp_path / "speculators", dtype="bfloat16",
+                 num_speculative_tokens=3, verifier_name="v", verifier_architectures=["LlamaForCausalLM"])  # fmt: skip
+    path = tmp_path / "draft/config.json"
+    config = json.loads(path.read_text())
+    breakage(config)
+    path.write_text(json.dumps(config))
+    assert any(expected in problem for problem in check_draft(tmp_path / "draft", verifier)), check_draft(
+        tmp_path / "draft", verifier
+    )

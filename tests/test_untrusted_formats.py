@@ -214,6 +214,29 @@ def test_a_checkpoint_of_another_layout_refuses_to_resume(tmp_path):
         load_checkpoint(path, other, optimizer)
 
 
+def test_a_checkpoint_of_the_other_draft_layer_refuses_in_one_line(tmp_path):
+    """A Llama-style checkpoint resumed into an MLA draft, and exported as one: each refuses naming both layers."""
+    from eagle3.stages import export
+
+    path, _ = _checkpoint(tmp_path / "checkpoints")
+    mla = Eagle3Draft(
+        dataclasses.replace(
+            CONFIG,
+            draft_layer="mla",
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=8,
+            num_key_value_heads=4,
+            head_dim=4,
+        )
+    )
+    with pytest.raises(Eagle3Error, match=r"a llama draft layer, not train.draft_layer's mla; a run cannot change"):
+        load_checkpoint(path, mla, make_optimizer(mla, TrainParams()))
+    with pytest.raises(Eagle3Error, match=r"a llama draft layer, not train.draft_layer's mla; rerun `dvc repro train"):
+        export.run(export.Params(train=TrainParams(draft_layer="mla")), tmp_path)
+
+
 def test_a_checkpoint_of_another_layout_is_not_exported_as_the_configured_one(tmp_path):
     from eagle3.params.train import DraftLayout, TrainParams
     from eagle3.stages import export

@@ -167,6 +167,11 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: CheckpointedOptim
     parameters are under fsdp: every process calls it)."""
     state = read_state(path)
     # A switch without tensors of its own (norm_output, norm_before_residual) would otherwise load silently.
+    if state.draft_config.draft_layer != draft.config.draft_layer:
+        raise Eagle3Error(
+            f"{path}: a {state.draft_config.draft_layer} draft layer, not train.draft_layer's "
+            f"{draft.config.draft_layer}; a run cannot change its layer: set it back, or delete {path.parent}"
+        )
     trained = state.draft_config.layout
     if trained != draft.config.layout:
         raise Eagle3Error(

@@ -19,6 +19,13 @@ models/draft-speculators/: the same tensors (midlayer.* named layers.0.*) with a
   keys in transformer_layer_config, the switches and captured layers at its top level (every switch written: its
   default for norm_before_residual there is true).
 
+The MLA draft layer (train.draft_layer mla) is vLLM's deepseek_eagle3.py format instead: Eagle3DeepseekV2ForCausalLM,
+model_type deepseek_v2 (deepseek_v3 would make vLLM load it as a DeepSeek MTP layer), the MLA shape (q_lora_rank,
+kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim), head_dim = qk_rope_head_dim, rope_parameters, and
+midlayer.self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
+o_proj}. It has no speculators form vLLM loads (vLLM's speculators config maps only Llama and Qwen3 layers):
+models/draft-speculators/ then holds only a README.md that says so.
+
 `check_draft` / `validate_draft` (`eagle3 validate-draft DIR --verifier DIR`) check a draft against this
 contract and its verifier before anyone serves it. Each pitfall that silently wrecks acceptance in vLLM is a
 named check: missing or unsorted aux layer ids, a float d2t, tied embeddings, a short max_position_embeddings,
@@ -55,7 +62,7 @@ from eagle3.formats.hf_config import (
     require,
 )
 from eagle3.formats.tensor_files import load_tensor, matching_tensors, tensor_headers
-from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.modeling.draft import MLA_KEYS, DraftConfig, Eagle3Draft
 from eagle3.params.train import DraftLayout
 
 WEIGHTS = "model.safetensors"
@@ -94,6 +101,11 @@ class _VllmDraft(LanguageModel, total=False):
     eagle_aux_hidden_state_layer_ids: _AuxIds | None
     eagle_config: _EagleConfig | None
     torch_dtype: Name | None
+    # The MLA layer's shape (MLA_KEYS).
+    q_lora_rank: Size | None
+    qk_nope_head_dim: Size | None
+    qk_rope_head_dim: Size | None
+    v_head_dim: Size | None
 
 
 @with_config(FIELDS)
@@ -159,11 +171,31 @@ LAYOUT_KEYS = tuple(DraftLayout.model_fields)
 _SPECULATORS_DEFAULTS = {"norm_before_residual": True}
 
 
+# The vLLM-format architecture (and the model type it is built from) per draft layer; the loaders accept the aliases.
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLMEagle3", "llama", {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}),
+    "mla": (
+        "Eagle3DeepseekV2ForCausalLM",
+        "deepseek_v2",
+        {"Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"},
+    ),
+}
+SPECULATORS_README = "README.md"
+_NO_SPECULATORS_FORM = (
+    "# No speculators format for this draft\n\n"
+    "This draft's decoder layer is MLA (multi-head latent attention, `train.draft_layer: mla`). vLLM loads it from\n"
+    "the vLLM format in `models/draft/` (`Eagle3DeepseekV2ForCausalLM`); vLLM's speculators-format loader maps only\n"
+    "Llama and Qwen3 draft layers, so no speculators-format copy is written. Serve `models/draft/`.\n"
+)
+
+
 def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
     aux = list(config.aux_layer_ids)
+    architecture, model_type, _ = ARCHITECTURES[config.draft_layer]
+    mla = {key: getattr(config, key) for key in MLA_KEYS} if config.draft_layer == "mla" else {}
     return {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+        "architectures": [architecture],
+        "model_type": model_type,
         "num_hidden_layers": 1,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -186,6 +218,7 @@ def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
         "eagle_aux_hidden_state_layer_ids": aux,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
         **config.rope,
+        **mla,
     }
 
 
@@ -228,12 +261,25 @@ def write_drafts(
     verifier_name: str,
     verifier_architectures: list[str],
 ) -> None:
-    """Both formats of one draft; `num_speculative_tokens` and the verifier go into the speculators config."""
+    """Both formats of one draft (the MLA layer: the vLLM format, and the speculators directory's README saying why
+    it holds no draft); `num_speculative_tokens` and the verifier go into the speculators config."""
     tensors = {**draft.export_state(DTYPES[dtype]), "d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}
     _write(vllm_dir, vllm_config(draft.config, dtype), tensors)
+    if not has_speculators_form(draft.config):
+        # A speculators draft left from an earlier export would be served as this one.
+        for stale in (CONFIG, WEIGHTS):
+            (speculators_dir / stale).unlink(missing_ok=True)
+        speculators_dir.mkdir(parents=True, exist_ok=True)
+        (speculators_dir / SPECULATORS_README).write_text(_NO_SPECULATORS_FORM)
+        return
+    (speculators_dir / SPECULATORS_README).unlink(missing_ok=True)
     renamed = {name.replace("midlayer.", "layers.0.", 1): tensor for name, tensor in tensors.items()}
     config = speculators_config(draft.config, dtype, verifier_name, verifier_architectures, num_speculative_tokens)
     _write(speculators_dir, config, renamed)
+
+
+def has_speculators_form(config: DraftConfig) -> bool:
+    return config.draft_layer == "llama"
 
 
 def _write(directory: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
@@ -295,8 +341,11 @@ def _load_config(draft_dir: Path) -> tuple[dict[str, Any], str, list[int] | None
         return layer, "layers.0.", config.get("eagle_aux_hidden_state_layer_ids"), layout, problems
     check_fields(path, config, _VLLM_DRAFT)
     architectures = config.get("architectures") or []
-    if not {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"} & set(architectures):
-        problems.append(f"architectures is {architectures}, expected ['LlamaForCausalLMEagle3']")
+    architecture, model_type, accepted = ARCHITECTURES["mla" if config.get("kv_lora_rank") else "llama"]
+    if not accepted & set(architectures):
+        problems.append(f"architectures is {architectures}, expected [{architecture!r}]")
+    if config.get("model_type") != model_type:
+        problems.append(f"model_type is {config.get('model_type')!r}, expected {model_type!r}")
     layout, layout_problems = _layout(config, {})
     problems += layout_problems
     aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -340,20 +389,48 @@ def expected_tensors(
         shapes["input_norm.weight"] = ((aux_count * hidden,), floats)
     if layout.fc_norm:
         shapes |= {f"fc_norm.{i}.weight": ((hidden,), floats) for i in range(aux_count)}
+    attention = (
+        _mla_tensors(config, hidden, heads)
+        if config.get("kv_lora_rank")
+        else {
+            "self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
+            "self_attn.k_proj.weight": (kv * head_dim, 2 * hidden),
+            "self_attn.v_proj.weight": (kv * head_dim, 2 * hidden),
+            "self_attn.o_proj.weight": (hidden, heads * head_dim),
+        }
+    )
     for name, shape in {
         "input_layernorm.weight": (hidden,),
         "hidden_norm.weight": (hidden,),
         "post_attention_layernorm.weight": (hidden,),
-        "self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
-        "self_attn.k_proj.weight": (kv * head_dim, 2 * hidden),
-        "self_attn.v_proj.weight": (kv * head_dim, 2 * hidden),
-        "self_attn.o_proj.weight": (hidden, heads * head_dim),
+        **attention,
         "mlp.gate_proj.weight": (inter, hidden),
         "mlp.up_proj.weight": (inter, hidden),
         "mlp.down_proj.weight": (hidden, inter),
     }.items():
         shapes[prefix + name] = (shape, floats)
     return shapes
+
+
+def _mla_tensors(config: dict[str, Any], hidden: int, heads: int) -> dict[str, tuple[int, ...]]:
+    """The MLA attention's tensors as vLLM's DeepseekV2MLAAttention loads them (eagle3/modeling/mla_attention.py)."""
+    q_rank, rank, v_dim = config.get("q_lora_rank"), config["kv_lora_rank"], config["v_head_dim"]
+    qk_dim, rope = config["qk_nope_head_dim"] + config["qk_rope_head_dim"], config["qk_rope_head_dim"]
+    query = (
+        {
+            "self_attn.q_a_proj.weight": (q_rank, 2 * hidden),
+            "self_attn.q_a_layernorm.weight": (q_rank,),
+            "self_attn.q_b_proj.weight": (heads * qk_dim, q_rank),
+        }
+        if q_rank
+        else {"self_attn.q_proj.weight": (heads * qk_dim, 2 * hidden)}
+    )
+    return query | {
+        "self_attn.kv_a_proj_with_mqa.weight": (rank + rope, 2 * hidden),
+        "self_attn.kv_a_layernorm.weight": (rank,),
+        "self_attn.kv_b_proj.weight": (heads * (config["qk_nope_head_dim"] + v_dim), rank),
+        "self_attn.o_proj.weight": (hidden, heads * v_dim),
+    }
 
 
 def _dtype_ok(dtype: torch.dtype | None, kind: str) -> bool:
@@ -390,6 +467,12 @@ def check_draft(draft_dir: Path, verifier_dir: Path, trained: DraftLayout | None
         shape_problems.append(
             f"config num_key_value_heads {kv_heads!r} must be a positive divisor of num_attention_heads {heads!r}"
         )
+    if config.get("kv_lora_rank"):
+        shape_problems += [
+            f"config {key} is missing: an MLA draft (kv_lora_rank set) needs it"
+            for key in MLA_KEYS
+            if key not in ("q_lora_rank", "kv_lora_rank") and not config.get(key)
+        ]
     problems += shape_problems
     if config.get("tie_word_embeddings", True):
         problems.append(

@@ -187,11 +187,7 @@ class DraftConfig:
             rope={key: config[key] for key in ROPE_KEYS if config.get(key) is not None},
             # Absent: false, as vLLM's loaders of this format read it.
             **{key: bool(config.get(key, False)) for key in DraftLayout.model_fields},
-            **(
-                {"draft_layer": "mla", **{key: config[key] for key in MLA_KEYS}}
-                if config.get("kv_lora_rank")
-                else {}
-            ),
+            **({"draft_layer": "mla", **{key: config.get(key) for key in MLA_KEYS}} if config.get("kv_lora_rank") else {}),
         )
 
     @property

@@ -74,8 +74,10 @@ class MLAAttention(nn.Module):
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         compressed, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
         expanded = self.kv_b_proj(self.kv_a_layernorm(compressed))
-        k_nope, v = expanded.view(batch, tokens, self.heads, self.nope + self.v_dim).transpose(1, 2).split(
-            [self.nope, self.v_dim], dim=-1
+        k_nope, v = (
+            expanded.view(batch, tokens, self.heads, self.nope + self.v_dim)
+            .transpose(1, 2)
+            .split([self.nope, self.v_dim], dim=-1)
         )
         q_rope, k_rope = apply_rotary_pos_emb(
             _interleaved_to_halves(q_rope), _interleaved_to_halves(k_rope.unsqueeze(1)), cos, sin
