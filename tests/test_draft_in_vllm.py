@@ -19,7 +19,7 @@ from torch import nn
 
 from eagle3.formats.exported_draft import write_drafts
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
-from eagle3.params.train import DraftLayer, DraftLayout
+from eagle3.params.train import DraftLayer, DraftLayout, DraftMLA
 from eagle3.stages.vocab import mapping
 
 from conftest import REPO
@@ -92,7 +92,9 @@ def mla_verifier(tmp_path_factory):
 
 
 def _draft(layout: DraftLayout, verifier_config: dict = VERIFIER, layer: DraftLayer = "llama") -> Eagle3Draft:
-    shape = DraftConfig.from_verifier(verifier_config, AUX, draft_vocab_size=128, layout=layout, layer=layer)
+    # The MLA draft's query rank set small (derived, it would be 3 x 512 for this 128-wide model).
+    mla = DraftMLA(q_lora_rank=64)
+    shape = DraftConfig.from_verifier(verifier_config, AUX, draft_vocab_size=128, layout=layout, layer=layer, mla=mla)
     draft = Eagle3Draft(shape)
     generator = torch.Generator().manual_seed(1)
     draft.init_weights(generator)

@@ -100,7 +100,7 @@ def _absorbed_attention(attn, inputs: list[torch.Tensor], theta: float) -> list[
 
 
 @pytest.mark.parametrize(
-    "mla", [DraftMLA(), DraftMLA(q_lora_rank=20, v_head_dim=20, qk_rope_head_dim=8)], ids=["derived", "q-lora"]
+    "mla", [DraftMLA(), DraftMLA(q_lora_rank=20, v_head_dim=20, qk_rope_head_dim=8)], ids=["derived", "set"]
 )
 def test_mla_attention_equals_the_absorbed_form_vllm_decodes_in(mla):
     """Forward and gradients of three TTT steps against the absorbed form over a latent-only cache, in float64 but for
@@ -153,19 +153,21 @@ def test_mla_shape_from_an_mla_verifier_from_a_llama_one_and_from_train_mla():
     # The Llama-style layer's rope for an MLA verifier (unscaled, theta 1e6), not Kimi's YaRN.
     assert kimi.rope == {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
     llama = DraftConfig.from_verifier(LLAMA_VERIFIER, (1, 4, 6), 40, layer="mla")
-    assert (llama.num_attention_heads, llama.q_lora_rank, llama.kv_lora_rank) == (4, None, 48)
+    assert (llama.num_attention_heads, llama.q_lora_rank, llama.kv_lora_rank) == (4, 144, 48)
     assert (llama.qk_nope_head_dim, llama.qk_rope_head_dim, llama.v_head_dim, llama.head_dim) == (12, 6, 12, 6)
     assert llama.rope == {"rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}
     chosen = DraftConfig.from_verifier(
-        KIMI_TEXT, (2, 30, 58), 32000, layer="mla", mla=DraftMLA(q_lora_rank="none", kv_lora_rank=256)
+        KIMI_TEXT, (2, 30, 58), 32000, layer="mla", mla=DraftMLA(q_lora_rank=768, kv_lora_rank=256)
     )
-    assert (chosen.q_lora_rank, chosen.kv_lora_rank, chosen.qk_rope_head_dim) == (None, 256, 64)
+    assert (chosen.q_lora_rank, chosen.kv_lora_rank, chosen.qk_rope_head_dim) == (768, 256, 64)
     assert DraftConfig.from_verifier(KIMI_TEXT, (2, 30, 58), 32000).draft_layer == "llama"
 
 
 def test_mla_layer_refuses_what_vllm_would_compute_otherwise():
     with pytest.raises(ValidationError, match="no norm_before_fc"):
         TrainParams(draft_layer="mla", draft_layout=DraftLayout(norm_before_fc=True))
+    with pytest.raises(ValidationError, match="q_lora_rank"):
+        DraftMLA(q_lora_rank="none")
     with pytest.raises(ValidationError, match="must be even"):
         DraftMLA(qk_rope_head_dim=7)
     yarn = {**LLAMA_VERIFIER, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5000.0}}

@@ -22,9 +22,10 @@ models/draft-speculators/: the same tensors (midlayer.* named layers.0.*) with a
 The MLA draft layer (train.draft_layer mla) is vLLM's deepseek_eagle3.py format instead: Eagle3DeepseekV2ForCausalLM,
 model_type deepseek_v2 (deepseek_v3 would make vLLM load it as a DeepSeek MTP layer), the MLA shape (q_lora_rank,
 kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim), head_dim = qk_rope_head_dim, rope_parameters, and
-midlayer.self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
-o_proj}. It has no speculators form vLLM loads (vLLM's speculators config maps only Llama and Qwen3 layers):
-models/draft-speculators/ then holds only a README.md that says so.
+midlayer.self_attn.{q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj}
+(vLLM loads the first and fourth as one fused projection, so q_lora_rank is always set). It has no speculators
+form vLLM loads (vLLM's speculators config maps only Llama and Qwen3 layers): models/draft-speculators/ then holds
+only a README.md that says so.
 
 `check_draft` / `validate_draft` (`eagle3 validate-draft DIR --verifier DIR`) check a draft against this
 contract and its verifier before anyone serves it. Each pitfall that silently wrecks acceptance in vLLM is a
@@ -414,18 +415,12 @@ def expected_tensors(
 
 def _mla_tensors(config: dict[str, Any], hidden: int, heads: int) -> dict[str, tuple[int, ...]]:
     """The MLA attention's tensors as vLLM's DeepseekV2MLAAttention loads them (eagle3/modeling/mla_attention.py)."""
-    q_rank, rank, v_dim = config.get("q_lora_rank"), config["kv_lora_rank"], config["v_head_dim"]
+    q_rank, rank, v_dim = config["q_lora_rank"], config["kv_lora_rank"], config["v_head_dim"]
     qk_dim, rope = config["qk_nope_head_dim"] + config["qk_rope_head_dim"], config["qk_rope_head_dim"]
-    query = (
-        {
-            "self_attn.q_a_proj.weight": (q_rank, 2 * hidden),
-            "self_attn.q_a_layernorm.weight": (q_rank,),
-            "self_attn.q_b_proj.weight": (heads * qk_dim, q_rank),
-        }
-        if q_rank
-        else {"self_attn.q_proj.weight": (heads * qk_dim, 2 * hidden)}
-    )
-    return query | {
+    return {
+        "self_attn.q_a_proj.weight": (q_rank, 2 * hidden),
+        "self_attn.q_a_layernorm.weight": (q_rank,),
+        "self_attn.q_b_proj.weight": (heads * qk_dim, q_rank),
         "self_attn.kv_a_proj_with_mqa.weight": (rank + rope, 2 * hidden),
         "self_attn.kv_a_layernorm.weight": (rank,),
         "self_attn.kv_b_proj.weight": (heads * (config["qk_nope_head_dim"] + v_dim), rank),
@@ -471,7 +466,7 @@ def check_draft(draft_dir: Path, verifier_dir: Path, trained: DraftLayout | None
         shape_problems += [
             f"config {key} is missing: an MLA draft (kv_lora_rank set) needs it"
             for key in MLA_KEYS
-            if key not in ("q_lora_rank", "kv_lora_rank") and not config.get(key)
+            if key != "kv_lora_rank" and not config.get(key)
         ]
     problems += shape_problems
     if config.get("tie_word_embeddings", True):

@@ -187,7 +187,11 @@ class DraftConfig:
             rope={key: config[key] for key in ROPE_KEYS if config.get(key) is not None},
             # Absent: false, as vLLM's loaders of this format read it.
             **{key: bool(config.get(key, False)) for key in DraftLayout.model_fields},
-            **({"draft_layer": "mla", **{key: config.get(key) for key in MLA_KEYS}} if config.get("kv_lora_rank") else {}),
+            **(
+                {"draft_layer": "mla", **{key: config.get(key) for key in MLA_KEYS}}
+                if config.get("kv_lora_rank")
+                else {}
+            ),
         )
 
     @property
@@ -219,20 +223,18 @@ class DraftConfig:
 def _mla_shape(text: dict[str, Any], mla: DraftMLA, head_dim: int) -> dict[str, Any]:
     """The MLA layer's shape (DraftConfig's MLA_KEYS): each train.mla value, else an MLA verifier's own, else derived
     from the draft's head_dim (DraftMLA's docs)."""
+    derived = {
+        "kv_lora_rank": 4 * head_dim,
+        "qk_nope_head_dim": head_dim,
+        "qk_rope_head_dim": max(2, head_dim // 2 // 2 * 2),
+        "v_head_dim": head_dim,
+    }
     if uses_mla(text):
-        derived = {key: text.get(key) for key in MLA_KEYS}
-    else:
-        derived = {
-            "q_lora_rank": None,
-            "kv_lora_rank": 4 * head_dim,
-            "qk_nope_head_dim": head_dim,
-            "qk_rope_head_dim": max(2, head_dim // 2 // 2 * 2),
-            "v_head_dim": head_dim,
-        }
-    chosen = {key: getattr(mla, key) or derived[key] for key in MLA_KEYS}
-    if mla.q_lora_rank == "none":
-        chosen["q_lora_rank"] = None
-    missing = [key for key in MLA_KEYS if key != "q_lora_rank" and not chosen[key]]
+        derived = {key: text.get(key) for key in derived}
+    chosen = {key: getattr(mla, key) or derived[key] for key in derived}
+    verifier_q_rank = text.get("q_lora_rank") if uses_mla(text) else None
+    chosen["q_lora_rank"] = mla.q_lora_rank or verifier_q_rank or 3 * chosen["kv_lora_rank"]
+    missing = [key for key in MLA_KEYS if not chosen[key]]
     if missing:
         raise Eagle3Error(f"train.mla: the verifier's config has no {missing[0]}; set train.mla.{missing[0]}")
     return chosen

