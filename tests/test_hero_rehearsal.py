@@ -392,7 +392,9 @@ def test_the_kimi_k25_wrapper_reads_as_its_text_model_and_vllm_cpu_refuses_it_in
     for name, tensor in load_verifier_tensors(plain).items():
         assert torch.equal(load_verifier_tensors(wrapped)[name], tensor), name
     assert torch.equal(final_norm(wrapped)[0], final_norm(plain)[0])
-    assert mla_in_vllm(wrapped) == mla_in_vllm(plain) and mla_in_vllm(wrapped)["disabled"]
+    llama_draft = kimi_repro / "models/draft"
+    assert mla_in_vllm(wrapped, llama_draft) == mla_in_vllm(plain, llama_draft)
+    assert mla_in_vllm(wrapped, llama_draft)["disabled"]
     checked = eagle3(kimi_repro, "validate-draft", "models/draft", "--verifier", str(wrapped))
     assert checked.stdout.strip() == f"models/draft: valid EAGLE-3 draft for {wrapped}"
 

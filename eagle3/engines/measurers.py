@@ -22,22 +22,30 @@ from eagle3.paths import DRAFT_DIR
 from eagle3.precision import engine_device_type, resolve
 
 
-def mla_in_vllm(model_dir: Path) -> dict[str, Any] | None:
-    """How an MLA verifier (Kimi-K2.5) runs in these engines; None for other attention.
+def mla_in_vllm(model_dir: Path, draft_dir: Path) -> dict[str, Any] | None:
+    """How an MLA verifier (Kimi-K2.5) runs in these engines beside the draft in `draft_dir`; None for other
+    attention.
 
-    vLLM-CPU cannot run an EAGLE-3 draft beside MLA: its CPU MLA backend allows only KV blocks of 16 and the
-    draft's attention backend only multiples of 32 ("No common block size for 16"). There every configuration,
+    vLLM-CPU cannot run a Llama-style EAGLE-3 draft beside MLA: its CPU MLA backend allows only KV blocks of 16 and
+    the draft's attention backend only multiples of 32 ("No common block size for 16"). There every configuration,
     the reference included, runs with VLLM_MLA_DISABLE=1 (MLA computed as plain attention), so the lossless check
-    still compares like with like. On GPUs vLLM serves Kimi-K2.5 drafts with MLA on, and so do these engines."""
+    still compares like with like. An MLA draft (train.draft_layer mla) runs on the MLA backend too, so MLA stays on
+    (and must: the switch would leave the draft alone on the MLA backend). On GPUs vLLM serves Kimi-K2.5 drafts
+    with MLA on, and so do these engines."""
     if not uses_mla(text_config(read_config(model_dir))):
         return None
-    if not on_cpu_build():
+    if not on_cpu_build() or _mla_draft(draft_dir):
         return {"disabled": False, "reason": None}
     return {
         "disabled": True,
         "reason": "vLLM-CPU has no KV block size common to its MLA backend (16) and the draft's attention "
         "(multiples of 32); every configuration ran with VLLM_MLA_DISABLE=1",
     }
+
+
+def _mla_draft(draft_dir: Path) -> bool:
+    config = draft_dir / "config.json"
+    return config.is_file() and bool(read_config(draft_dir).get("kv_lora_rank"))
 
 
 def measured_dtype(config: EvaluateParams) -> str:
@@ -47,9 +55,10 @@ def measured_dtype(config: EvaluateParams) -> str:
     return resolve(config.vllm.dtype, engine_device_type())
 
 
-def evaluate_engine(config: EvaluateParams, model_dir: Path, trust_remote_code: bool) -> Engine:
-    """The engine evaluate starts for each configuration, for the verifier in `model_dir`, on this machine."""
-    mla = mla_in_vllm(model_dir)
+def evaluate_engine(config: EvaluateParams, model_dir: Path, draft_dir: Path, trust_remote_code: bool) -> Engine:
+    """The engine evaluate starts for each configuration, for the verifier in `model_dir` and the draft in
+    `draft_dir`, on this machine."""
+    mla = mla_in_vllm(model_dir, draft_dir)
     return Engine(
         verifier=str(model_dir),
         max_model_len=config.vllm.max_model_len,
@@ -70,8 +79,8 @@ class EngineMeasurer:
     def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path, template_kwargs: dict[str, Any]):
         self.config, self.draft_dir, self.template_kwargs = config, root / DRAFT_DIR, template_kwargs
         model_dir = verifier_dir(root)
-        self.mla = mla_in_vllm(model_dir)
-        self.engine = evaluate_engine(config, model_dir, provenance.trust_remote_code)
+        self.mla = mla_in_vllm(model_dir, self.draft_dir)
+        self.engine = evaluate_engine(config, model_dir, self.draft_dir, provenance.trust_remote_code)
 
     def where(self, method: str, k: int | None) -> str:
         return " (VLLM_MLA_DISABLE=1)" if self.engine.disable_mla else ""

@@ -364,7 +364,7 @@ def write_metrics(
                 "vllm_tokens_per_step": headline["tokens_per_step_greedy"],
                 "gap": round(offline["tokens_per_step"] - headline["tokens_per_step_greedy"], 4),
             },
-            "mla": mla_in_vllm(verifier_dir(root)) if config.backend == "engines" else None,
+            "mla": mla_in_vllm(verifier_dir(root), root / DRAFT_DIR) if config.backend == "engines" else None,
             "runs": runs,
             "benchmarks": by_set,
             "long_context": long_context,

@@ -378,8 +378,8 @@ def check_serving(context: Context, item: Item) -> None:
     ensure_verifier(context)
     item.figures.update(vllm_version=version, build="cpu" if on_cpu_build() else "cuda")
     evaluate, provenance = context.params.evaluate, context.provenance
-    mla = mla_in_vllm(context.model_dir)
     draft_dir, draft_source = _draft_for_serving(context)
+    mla = mla_in_vllm(context.model_dir, draft_dir)
     k = context.params.export.num_speculative_tokens
     engine = Engine(
         verifier=str(context.model_dir),
