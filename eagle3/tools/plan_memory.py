@@ -153,7 +153,10 @@ def estimate(
 def _shape_words(shape: dict[str, Any]) -> str:
     """The draft's attention and MLP settings where they are not derived from the verifier."""
     attention = {key: value for key, value in (shape.get("attention") or {}).items() if value is not None}
-    words = [f"MLP width {shape['intermediate_size']}"] if shape.get("intermediate_size") else []
+    if shape.get("draft_layer") == "mla":
+        attention |= {key: value for key, value in (shape.get("mla") or {}).items() if value is not None}
+    words = ["MLA draft layer"] if shape.get("draft_layer") == "mla" else []
+    words += [f"MLP width {shape['intermediate_size']}"] if shape.get("intermediate_size") else []
     words += [f"attention {', '.join(f'{key} {value}' for key, value in attention.items())}"] if attention else []
     return "".join(f", {word}" for word in words)
 
