@@ -223,6 +223,7 @@ def test_a_checkpoint_of_the_other_draft_layer_refuses_in_one_line(tmp_path):
         dataclasses.replace(
             CONFIG,
             draft_layer="mla",
+            q_lora_rank=16,
             kv_lora_rank=16,
             qk_nope_head_dim=8,
             qk_rope_head_dim=4,
