@@ -1,9 +1,12 @@
 """Compute precision: the floating-point type a stage computes with the verifier or the draft in.
 
 Where the hardware computes bf16 natively (a CUDA GPU with bf16 arithmetic; a CPU whose oneDNN reports native
-bf16, i.e. AVX-512 BF16 or AMX) bf16 is the fast choice; elsewhere (AVX2-only CPUs: AMD Zen 2/3, most laptops)
-every bf16 operation is emulated and far slower than float32 (`benchmarks/precision.py` prints the ratios on
-the machine it runs on). `auto` therefore means bfloat16 where native, float32 otherwise.
+bf16 and that has the units to make it fast: AMX, or AMD's AVX-512 BF16) bf16 is the fast choice; elsewhere
+(AVX2-only CPUs: AMD Zen 2/3, most laptops) every bf16 operation is emulated and far slower than float32
+(`benchmarks/precision.py` prints the ratios on the machine it runs on). An Intel CPU with AVX-512 BF16 but no AMX
+(seen on a virtual Xeon whose AMX the hypervisor hides) is neither: oneDNN computes bf16 there, at about half
+float32's rate (`eagle3 preflight` measures both), so it counts as not native. `auto` therefore means bfloat16
+where native, float32 otherwise.
 
 It is a capability check, not a timing: the resolved value changes what a stage produces, so it enters the
 stage's run key and must come out the same on every run on one machine. What is stored stays independent of
@@ -30,7 +33,9 @@ def native_bf16(device_type: str) -> bool:
 
     if device_type == "cuda":
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False
+    return "amx_bf16" in _cpu_flags() or _cpu_vendor() != "GenuineIntel"
 
 
 def resolve(requested: str, device_type: str) -> str:
@@ -60,11 +65,21 @@ def cpu_numerics() -> dict[str, Any]:
 
 
 def _cpu_flags() -> set[str]:
+    return set(_cpuinfo_field("flags").split())
+
+
+def _cpu_vendor() -> str:
+    return _cpuinfo_field("vendor_id")
+
+
+def _cpuinfo_field(name: str) -> str:
+    """The first CPU's `name` line in /proc/cpuinfo; empty where there is none (another OS)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return set()
+    return ""

@@ -17,9 +17,11 @@ from eagle3.precision import cpu_numerics, native_bf16, resolve
 def capability(monkeypatch):
     """Force what the CPU's oneDNN and the GPU report about bf16."""
 
-    def force(*, cpu: bool, cuda: bool = False) -> None:
+    def force(*, cpu: bool, cuda: bool = False, vendor: str = "GenuineIntel", amx: bool = True) -> None:
         monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: cpu)
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: cuda)
+        monkeypatch.setattr(precision, "_cpu_vendor", lambda: vendor)
+        monkeypatch.setattr(precision, "_cpu_flags", lambda: {"avx512_bf16", *(["amx_bf16"] if amx else [])})
 
     return force
 
@@ -34,6 +36,18 @@ def test_auto_is_bf16_only_where_the_device_computes_it_natively(capability):
     assert resolve("auto", "cuda") == "bfloat16"
     capability(cpu=True, cuda=False)  # e.g. a V100: bf16 only emulated
     assert resolve("auto", "cuda") == "float32" and resolve("auto", "cpu") == "bfloat16"
+
+
+def test_intel_avx512_bf16_without_amx_is_not_native_amd_avx512_bf16_is(capability):
+    """oneDNN supports bf16 on both, but an Intel CPU without AMX computed its bf16 matmuls at about half float32's
+    rate (a virtual Xeon hiding its AMX: 87.9 vs 144.2 GFLOP/s in preflight), an AMD EPYC with AVX-512 BF16 at
+    twice it (benchmarks/README.md, bf16 vs float32 by CPU kind)."""
+    capability(cpu=True, vendor="GenuineIntel", amx=False)
+    assert not native_bf16("cpu") and resolve("auto", "cpu") == "float32"
+    capability(cpu=True, vendor="AuthenticAMD", amx=False)
+    assert native_bf16("cpu") and resolve("auto", "cpu") == "bfloat16"
+    capability(cpu=False, vendor="AuthenticAMD", amx=False)  # AVX2 only: emulated
+    assert resolve("auto", "cpu") == "float32"
 
 
 def test_explicit_values_are_kept_whatever_the_hardware(capability):
@@ -81,9 +95,12 @@ def test_an_isa_cap_makes_bf16_non_native_and_the_record_says_so():
 def test_cpu_numerics_reads_this_machine():
     numerics = cpu_numerics()
     assert numerics["capability"] == torch.backends.cpu.get_cpu_capability()
-    assert numerics["bf16_native"] == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-        flags = next(line for line in cpuinfo if line.startswith("flags")).split(":", 1)[1].split()
+        lines = cpuinfo.readlines()
+    flags = next(line for line in lines if line.startswith("flags")).split(":", 1)[1].split()
+    vendor = next(line for line in lines if line.startswith("vendor_id")).split(":", 1)[1].strip()
+    fast_units = "amx_bf16" in flags or vendor != "GenuineIntel"
+    assert numerics["bf16_native"] == (bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and fast_units)
     assert numerics["flags"] == [flag for flag in precision.CPU_FLAGS if flag in flags]
     assert capture(compute_dtype="float32")["compute_dtype"] == "float32" and "compute_dtype" not in capture()
 
