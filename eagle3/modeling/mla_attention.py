@@ -9,11 +9,11 @@ Parameter names are vLLM's (its loader stacks q_a_proj and kv_a_proj_with_mqa in
 
 Per head, the query is [q_nope, rope(q_rope)] and the key [k_nope, rope(k_rope)] with k_nope and the value expanded
 from the normed compressed vector, so the scores are q_nope . k_nope + rope(q_rope) . rope(k_rope), scaled by
-1 / sqrt(nope + rope). vLLM decodes in the absorbed form (q_nope through kv_b_proj's key half, scores against the
-cached compressed vectors, the value half applied after): the same products in another order; training computes the
-expanded form, which the linear-memory TTT attention (eagle3/modeling/attention.py) takes as it is. Rope rotates
-interleaved pairs (vLLM's is_neox_style=False); q and k are both permuted to halves first, which leaves every
-product unchanged.
+1 / sqrt(nope + rope) (times YaRN's mscale^2 under YaRN: eagle3/modeling/rope.py). vLLM decodes in the absorbed form
+(q_nope through kv_b_proj's key half, scores against the cached compressed vectors, the value half applied after):
+the same products in another order; training computes the expanded form, which the linear-memory TTT attention
+(eagle3/modeling/attention.py) takes as it is. Rope rotates interleaved pairs (vLLM's is_neox_style=False); q and k
+are both permuted to halves first, which leaves every product unchanged.
 """
 
 import torch
@@ -21,6 +21,7 @@ from torch import nn
 
 from eagle3.modeling.attention import ttt_attention
 from eagle3.modeling.norms import RMSNorm
+from eagle3.modeling.rope import mla_softmax_scale
 
 
 def _interleaved_to_halves(x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +46,7 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, config.rms_norm_eps)
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.heads * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.heads * self.v_dim, config.hidden_size, bias=False)
-        self.scale = qk_dim**-0.5
+        self.scale = mla_softmax_scale(config.rope, qk_dim)
         # The attention kernels take one head size for q, k and v: the narrower side is zero-padded (zeros add
         # nothing to a score, and a zero value column is dropped after).
         self.width = max(qk_dim, self.v_dim)

@@ -78,7 +78,8 @@ class DraftMLA(Section):
     verifier's own values (Kimi-K2.5: q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64,
     v_head_dim 128), else from the draft's head_dim d: kv_lora_rank 4d, q_lora_rank 3 x kv_lora_rank (Kimi's
     ratio), qk_nope_head_dim d, qk_rope_head_dim d/2, v_head_dim d. vLLM-CPU's MLA backend runs only
-    kv_lora_rank + qk_rope_head_dim = 576."""
+    kv_lora_rank + qk_rope_head_dim = 576. Its rope is train.attention's rope_theta and rope_scaling (derived: the
+    verifier's, an MLA verifier's own YaRN included), unscaled or yarn (DeepSeek's YaRN, as vLLM computes it)."""
 
     # The query's low-rank width (no full-rank query: vLLM's MLA draft loads the query's low-rank projection fused
     # with the key/value one, deepseek_eagle3.py).
