@@ -1,7 +1,8 @@
 """Steps of a tiny draft as the train stage runs them, in one process or under torchrun (tests/test_sharding.py):
-`python sharded_training.py SHARDING STEPS DIR [OPTIMIZER]` resumes from the newest checkpoint in DIR if there is
-one, saves one after every step, and has rank 0 write DIR/result-<start>.json (the global loss of each step, the
-rows of each parameter this process holds, whether AdamW is the fused one). OPTIMIZER: train.optimizer (adamw)."""
+`python sharded_training.py SHARDING STEPS DIR [OPTIMIZER [LAYER]]` resumes from the newest checkpoint in DIR if
+there is one, saves one after every step, and has rank 0 write DIR/result-<start>.json (the global loss of each step,
+the rows of each parameter this process holds, whether AdamW is the fused one). OPTIMIZER: train.optimizer (adamw);
+LAYER: train.draft_layer (llama)."""
 
 import json
 import sys
@@ -51,12 +52,15 @@ def global_batch(step: int) -> dict[str, torch.Tensor]:
 def main() -> None:
     sharding, steps, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     optimizer_name = sys.argv[4] if len(sys.argv) > 4 else "adamw"
+    train = TrainParams(
+        learning_rate=3e-3, optimizer=optimizer_name, draft_layer=sys.argv[5] if len(sys.argv) > 5 else "llama"
+    )
     world = setup_distributed()
     torch.manual_seed(0)  # the same initial draft on every process, as the train stage's init_draft makes it
-    objective = make_objective_for(draft_config_for(VERIFIER, 500), 3, "off", "float32")
+    objective = make_objective_for(draft_config_for(VERIFIER, 500, train), 3, "off", "float32")
     draft = objective.draft
     model = distribute(objective, world, sharding)
-    optimizer = make_optimizer(draft, TrainParams(learning_rate=3e-3, optimizer=optimizer_name))
+    optimizer = make_optimizer(draft, train)
     checkpoint = latest_checkpoint(out)
     start = load_checkpoint(checkpoint, draft, optimizer).step if checkpoint else 0
     losses = []

@@ -16,11 +16,13 @@ WORKER = Path(__file__).with_name("sharded_training.py")
 STEPS = 6
 
 
-def run(directory: Path, processes: int, sharding: str = "fsdp", optimizer: str = "adamw") -> dict:
+def run(
+    directory: Path, processes: int, sharding: str = "fsdp", optimizer: str = "adamw", layer: str = "llama"
+) -> dict:
     directory.mkdir(exist_ok=True)
     before = {p.name for p in directory.glob("result-*.json")}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
-    arguments = [str(WORKER), sharding, str(STEPS), str(directory), optimizer]
+    arguments = [str(WORKER), sharding, str(STEPS), str(directory), optimizer, layer]
     command = (launcher if processes > 1 else [sys.executable]) + arguments
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=WORKER.parent)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -58,11 +60,13 @@ def test_two_fsdp_processes_hold_half_of_each_parameter_and_train_the_same_model
         assert two["rows"][name] == [-(-rows[0] // 2), *rows[1:]], name
 
 
-def resume(source: Path, step: int, directory: Path, processes: int, optimizer: str = "adamw") -> dict:
+def resume(
+    source: Path, step: int, directory: Path, processes: int, optimizer: str = "adamw", layer: str = "llama"
+) -> dict:
     """`processes` continuing from `source`'s checkpoint after `step` (the only one in `directory`)."""
     directory.mkdir()
     shutil.copytree(source / f"step-{step:07d}", directory / f"step-{step:07d}")
-    return run(directory, processes, "ddp" if optimizer == "muon" else "fsdp", optimizer)
+    return run(directory, processes, "ddp" if optimizer == "muon" else "fsdp", optimizer, layer)
 
 
 def test_resume_from_one_process_into_two_and_back(single, tmp_path):
@@ -87,6 +91,17 @@ def test_muon_trains_the_same_model_in_one_process_and_two_and_resumes_exactly(s
     # Muon's momentum for the matrices, AdamW's moments for the head and the norms.
     assert {"fc.weight::momentum_buffer", "lm_head.weight::exp_avg", "norm.weight::exp_avg_sq"} <= set(state)
     assert not any(k.startswith(("fc.weight::exp", "lm_head.weight::momentum")) for k in state)
+
+
+def test_the_mla_layer_trains_the_same_model_in_one_fsdp_process_and_two_and_resumes(single, tmp_path):
+    one = run(tmp_path / "one", 1, layer="mla")
+    assert "midlayer.self_attn.kv_a_proj_with_mqa.weight" in one["rows"]
+    assert one["losses"] != single[1]["losses"]  # another layer, another model
+    two = run(tmp_path / "two", 2, layer="mla")
+    close(one["losses"], two["losses"])
+    for name, rows in one["rows"].items():
+        assert two["rows"][name] == [-(-rows[0] // 2), *rows[1:]], name
+    close(one["losses"][3:], resume(tmp_path / "two", 3, tmp_path / "back", 1, layer="mla")["losses"])
 
 
 def _wait_while_rank_0_writes(rank: int, store: str, how: str, outcome: str) -> None:
