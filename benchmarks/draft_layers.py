@@ -28,6 +28,7 @@ from scratch_project import K, evaluate, evaluate_at_k, link, measure, run_stage
 
 from eagle3.engines.offline_estimate import offline_estimate
 from eagle3.params.evaluate import EvaluateParams
+from eagle3.params.train import EAGLE_3_1
 from eagle3.paths import (
     BENCHMARKS_DIR,
     HIDDEN_DIR,
@@ -39,7 +40,6 @@ from eagle3.paths import (
 )
 
 LINKED = (VERIFIER_DIR, PREPARED_DIR, BENCHMARKS_DIR, SYNTHETIC_DIR, HIDDEN_DIR, VOCAB_DIR)
-EAGLE_3_1 = {"fc_norm": True, "norm_before_fc": False, "norm_output": True, "norm_before_residual": False}
 KIMI_CONFIG = Path(__file__).resolve().parents[1] / "eagle3/configs/kimi-k2.5.yaml"
 KIMI_TOKENS, KIMI_PROCESSES, GB = 16384, 8, 1e9
 
@@ -48,7 +48,7 @@ def arm(root: Path, base: dict, layer: str, seed: int, scratch: Path, vllm: bool
     work = scratch / f"{layer}-seed{seed}"
     link(root, work, LINKED)
     params = json.loads(json.dumps(base))
-    params["train"] = {**params["train"], "seed": seed, "draft_layer": layer, "draft_layout": EAGLE_3_1}
+    params["train"] = {**params["train"], "seed": seed, "draft_layer": layer, "draft_layout": EAGLE_3_1.model_dump()}
     params["evaluate"] = evaluate_at_k(params)
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
     train_s = run_stage(work, "train")

@@ -29,12 +29,13 @@ from pathlib import Path
 import yaml
 from scratch_project import evaluate, evaluate_at_k, link, measure, run_stage, summary
 
+from eagle3.params.train import EAGLE_3_1
 from eagle3.paths import BENCHMARKS_DIR, HIDDEN_DIR, PREPARED_DIR, SYNTHETIC_DIR, VERIFIER_DIR, VOCAB_DIR
 
 LINKED = (VERIFIER_DIR, PREPARED_DIR, BENCHMARKS_DIR, SYNTHETIC_DIR, HIDDEN_DIR, VOCAB_DIR)
 LAYOUTS = {
     "2024": {},
-    "eagle3.1": {"fc_norm": True, "norm_output": True},
+    "eagle3.1": EAGLE_3_1.model_dump(),
     "speculators": {"norm_before_fc": True, "norm_output": True, "norm_before_residual": True},
 }
 # Recipe differences from speculators' trainer, tried on a layout: its output head frozen at the verifier's rows,

@@ -140,7 +140,11 @@ def test_init_never_overwrites_what_git_does_not_have(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["kimi-k2.6", "--layout", "B"], "eagle3 init: error: no shipped configuration 'kimi-k2.6'; one of kimi-k2.5"),
+        (
+            ["kimi-k2.6", "--layout", "B"],
+            "eagle3 init: error: no shipped configuration 'kimi-k2.6'; one of kimi-k2.5 (--layout A, B or C), "
+            "gpt-oss-20b (--layout single)",
+        ),
         (
             ["kimi-k2.5", "--layout", "C"],
             "eagle3 init: error: --layout C: give --gpu (one of b300, b200, h200, h100, h200-nvl, h100-pcie): the "

@@ -121,6 +121,10 @@ class DraftLayout(Section):
         return ", ".join(name for name, on in self.model_dump().items() if on) or "no extra norms"
 
 
+# EAGLE 3.1's layout (the newest published drafts'): an RMSNorm per captured layer before fc, post-norm feedback.
+EAGLE_3_1 = DraftLayout(fc_norm=True, norm_output=True)
+
+
 class TrainParams(Section):
     # Training-time test: the draft is unrolled on its own outputs this many steps, as vLLM runs it (SpecForge: 7).
     ttt_steps: int = Field(7, gt=0, le=MAX_TTT_STEPS)

@@ -4,10 +4,25 @@
 from pathlib import Path
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+# A one-machine recipe's own files (eagle3/tools/recipes.py): RECIPES_DIR/NAME/recipe.json and the model's files.
+RECIPES_DIR = CONFIGS_DIR / "verifiers"
+
+
+def recipes() -> list[str]:
+    """The one-machine recipes (`eagle3 init NAME --layout single`)."""
+    return sorted(path.parent.name for path in RECIPES_DIR.glob("*/recipe.json"))
 
 
 def shipped() -> list[str]:
-    return sorted(path.stem for path in CONFIGS_DIR.glob("*.yaml"))
+    """The hero-run configurations (`eagle3 init NAME --layout A|B|C`)."""
+    return sorted(path.stem for path in CONFIGS_DIR.glob("*.yaml") if path.stem not in recipes())
+
+
+def shipped_names() -> str:
+    """Every name `eagle3 init NAME` takes, with its layouts, for messages."""
+    return ", ".join(
+        [*(f"{name} (--layout A, B or C)" for name in shipped()), *(f"{name} (--layout single)" for name in recipes())]
+    )
 
 
 def yaml_round_trip():

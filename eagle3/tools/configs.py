@@ -2,7 +2,8 @@
 configuration.
 
 The shipped configurations are eagle3/configs/NAME.yaml, complete params files with a reason beside each choice
-(kimi-k2.5: the hero run). The layouts are `eagle3 plan`'s: A extracts the hidden states here and ships them, B
+(kimi-k2.5: the hero run; the one-machine recipes for other verifiers, `--layout single`, are
+eagle3/tools/recipes.py's). The layouts are `eagle3 plan`'s: A extracts the hidden states here and ships them, B
 ships the text and extracts on the rented machine, C ships the text and streams the states there. A and B train on
 stored states with the same params; C is the file with LAYOUT_KEYS["C"] set, and the verifier's share of each GPU
 beside the trainers sized for --gpu (side by side where both fit, else in phases: eagle3/tools/plan_memory.py).
@@ -21,7 +22,7 @@ from typing import Any
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_text
 from eagle3.gpu_kinds import GPUS
-from eagle3.tools.config_files import CONFIGS_DIR, shipped, yaml_round_trip
+from eagle3.tools.config_files import CONFIGS_DIR, recipes, shipped, shipped_names, yaml_round_trip
 
 LAYOUTS = ("A", "B", "C")
 # What each layout sets over the shipped file, as (section, key) -> value.
@@ -36,7 +37,7 @@ def render(name: str, layout: str, gpu: str | None = None, draft_repo: str | Non
     """The text of configuration `name` for `layout` (and the rented GPU kind, and the Hub repository), comments
     kept."""
     if name not in shipped():
-        raise Eagle3Error(f"no shipped configuration {name!r}; one of {', '.join(shipped())}")
+        raise Eagle3Error(f"no shipped configuration {name!r}; one of {shipped_names()}")
     if layout not in LAYOUTS:
         raise Eagle3Error(f"--layout: one of {', '.join(LAYOUTS)}, got {layout!r}")
     yaml = yaml_round_trip()
@@ -147,7 +148,7 @@ def _uncommitted(path: Path) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from eagle3.tools import init_verifier
 
-    parser.add_argument("name", nargs="?", help="a shipped configuration: " + ", ".join(shipped()))
+    parser.add_argument("name", nargs="?", help="a shipped configuration: " + shipped_names())
     parser.add_argument(
         "--layout",
         required=True,
@@ -169,9 +170,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _text(args: argparse.Namespace) -> tuple[str, str, str]:
     """The params text, what it was made from (for errors and the summary) and the file validation names."""
     from eagle3.tools import init_verifier
+    from eagle3.tools.recipes import render_recipe
 
     if (args.name is None) == (args.verifier is None):
-        raise Eagle3Error("give a shipped configuration (" + ", ".join(shipped()) + ") or --verifier DIR, not both")
+        raise Eagle3Error(f"give a shipped configuration ({shipped_names()}) or --verifier DIR, not both")
+    if args.gpus is not None and args.gpus < 1:
+        raise Eagle3Error(f"--gpus: at least 1, got {args.gpus}")
+    if args.name in recipes():
+        if args.layout != "single":
+            raise Eagle3Error(f"--layout {args.layout}: {args.name} is a one-machine recipe; --layout single")
+        text = _with_draft_repo(render_recipe(args.name, args.gpu, args.gpus), args.draft_repo)
+        return text, f"the {args.name} recipe, layout single", str(CONFIGS_DIR / f"{args.name}.yaml")
     if args.verifier is None:
         if args.layout == "single":
             raise Eagle3Error(f"--layout single: with --verifier DIR; {args.name} is shipped for A, B or C")
@@ -181,14 +190,27 @@ def _text(args: argparse.Namespace) -> tuple[str, str, str]:
         raise Eagle3Error("--verifier: --layout single (every stage on one GPU machine) is what it sizes")
     if args.gpu is None:
         raise Eagle3Error("--verifier: give --gpu (one of " + ", ".join(GPUS) + "): the sizes follow its memory")
-    if args.gpus < 1:
-        raise Eagle3Error(f"--gpus: at least 1, got {args.gpus}")
     verifier = init_verifier.read_verifier(args.verifier, args.name_override, args.license_id)
     thinking = None if args.thinking is None else args.thinking == "on"
     text = init_verifier.params_for(
-        verifier, args.gpu, args.gpus, thinking, args.trust_remote_code, args.license_override
+        verifier, args.gpu, args.gpus or 1, thinking, args.trust_remote_code, args.license_override
     )
-    return text, f"sized for {verifier.name}, layout single", "eagle3 init --verifier"
+    return (
+        _with_draft_repo(text, args.draft_repo),
+        f"sized for {verifier.name}, layout single",
+        "eagle3 init --verifier",
+    )
+
+
+def _with_draft_repo(text: str, draft_repo: str | None) -> str:
+    if draft_repo is None:
+        return text
+    yaml = yaml_round_trip()
+    document = yaml.load(text)
+    _set(document["report"], "draft_repo", draft_repo, "eagle3 init --draft-repo: the card's serve command")
+    out = io.StringIO()
+    yaml.dump(document, out)
+    return out.getvalue()
 
 
 def main(args: argparse.Namespace, root: Path) -> None:

@@ -41,6 +41,11 @@ EAGLE3_ARCHITECTURES = (
 )
 # Variables chat templates switch thinking with: Qwen3's, and Kimi's / DeepSeek-V3.1's.
 THINKING_SWITCHES = ("enable_thinking", "thinking")
+# A switch is tested as a template variable (`if not thinking`, `enable_thinking is defined`); gpt-oss's template
+# names a message's `thinking` field (message.thinking, 'thinking' in its error texts), which switches nothing.
+_SWITCH_USE = (
+    r"(?<![.\w'\"]){name}\s+is\s+(?:not\s+)?(?:defined|true|false|sameas)\b|\bif\s+(?:not\s+)?{name}\b(?![.\w])"
+)
 # vLLM's share of each GPU while a stage runs it: the stages run one after the other, each alone on the GPUs.
 ENGINE_SHARE = 0.9
 # Of that share, the most the weights may take: the rest holds the KV cache of long answers and the activations.
@@ -60,7 +65,7 @@ class Verifier:
     license: str
     architecture: str
     text: dict[str, Any]
-    dtype: str
+    dtype: str | None  # what its config says the weights are stored in; None: it does not say
     weights_bytes: float
     thinking_switch: str | None
     sampling: dict[str, float]
@@ -78,7 +83,7 @@ class Verifier:
 def read_verifier(directory: Path, name: str | None, license_id: str | None) -> Verifier:
     """The verifier in `directory`; Eagle3Error naming the flag for what its files do not say."""
     from eagle3.formats.hf_config import read_config, stored_dtype, text_config
-    from eagle3.tools.plan_verifier import weight_file_bytes
+    from eagle3.tools.plan_verifier import weights_bytes
 
     directory = directory.resolve()
     config = read_config(directory, "--verifier must be a Hugging Face model directory (config.json, weights)")
@@ -89,9 +94,12 @@ def read_verifier(directory: Path, name: str | None, license_id: str | None) -> 
             f"--verifier: {architecture} ({directory / 'config.json'}) is not among vLLM's verifiers that capture "
             f"EAGLE-3 states: {', '.join(EAGLE3_ARCHITECTURES)}"
         )
-    weights = weight_file_bytes(directory)
+    weights = weights_bytes(directory)
     if not weights:
-        raise Eagle3Error(f"--verifier: {directory} has no *.safetensors: the weights size the GPUs they need")
+        raise Eagle3Error(
+            f"--verifier: {directory} has no *.safetensors (nor model.safetensors.index.json): the weights size the "
+            "GPUs they need"
+        )
     card = _front_matter(directory / "README.md")
     name = name or (config.get("_name_or_path") if "/" in str(config.get("_name_or_path", "")) else None)
     if not name:
@@ -107,7 +115,7 @@ def read_verifier(directory: Path, name: str | None, license_id: str | None) -> 
         license=str(license_id).lower(),
         architecture=architecture,
         text=text,
-        dtype=stored_dtype(text) or stored_dtype(config) or "bfloat16",
+        dtype=stored_dtype(text) or stored_dtype(config),
         weights_bytes=weights,
         thinking_switch=_thinking_switch(directory),
         sampling=_recommended_sampling(directory),
@@ -135,7 +143,7 @@ def _thinking_switch(directory: Path) -> str | None:
     if not template and tokenizer_config.is_file():
         value = json.loads(tokenizer_config.read_text(encoding="utf-8")).get("chat_template") or ""
         template = json.dumps(value) if not isinstance(value, str) else value
-    return next((name for name in THINKING_SWITCHES if re.search(rf"\b{name}\b", template)), None)
+    return next((name for name in THINKING_SWITCHES if re.search(_SWITCH_USE.format(name=name), template)), None)
 
 
 def _recommended_sampling(directory: Path) -> dict[str, float]:
@@ -177,11 +185,12 @@ def answer_tokens(verifier: Verifier, thinking: bool) -> int:
 
 def recompute_that_fits(verifier: Verifier, gpu: str, gpus: int, tokens: int, ttt_steps: int) -> tuple[str, str]:
     """The least recompute (train.activation_checkpointing) at which `tokens` per GPU train, and the figure why."""
-    from eagle3.params.train import RECOMPUTE, TrainParams, draft_shape_settings
+    from eagle3.params.train import EAGLE_3_1, RECOMPUTE, TrainParams, draft_shape_settings
     from eagle3.tools.plan_memory import compute_train_memory, estimate
     from eagle3.tools.plan_types import Machine
 
-    lines = estimate(verifier.text, DRAFT_VOCAB, ttt_steps, gpus, "ddp", draft_shape_settings(TrainParams()))
+    train = TrainParams(draft_layout=EAGLE_3_1)
+    lines = estimate(verifier.text, DRAFT_VOCAB, ttt_steps, gpus, "ddp", draft_shape_settings(train))
     memory = compute_train_memory(lines, tokens, Machine(gpu, gpus, 0.0, 0.0, None))
     if memory.settings is None:
         raise Eagle3Error(f"--verifier: the draft's training memory cannot be estimated: {memory.source}")
@@ -226,8 +235,12 @@ def params_for(
     thinking: bool | None,
     trust_remote_code: bool,
     license_override: str | None,
+    source_path: str | None = None,
+    origin: str | None = None,
 ) -> str:
-    """The params file (its text, comments included) for `verifier` on `gpus` x `gpu` in one machine."""
+    """The params file (its text, comments included) for `verifier` on `gpus` x `gpu` in one machine; the weights at
+    `source_path` (default: where its files are), `origin` saying where its files came from (a shipped recipe's)."""
+    from eagle3.params.train import EAGLE_3_1
     from eagle3.publish.licenses import CONDITIONAL, PERMISSIVE, classify, normalize
     from eagle3.tools.config_files import CONFIGS_DIR, yaml_round_trip
 
@@ -287,13 +300,14 @@ def params_for(
                     "source",
                     _map(
                         ("kind", "local", "its Hugging Face directory on this machine (hashed, not copied)"),
-                        ("path", str(verifier.directory), None),
+                        ("path", source_path or str(verifier.directory), None),
                         ("name", verifier.name, None),
                         ("license", license_id, "from its model card" if not license_override else None),
                     ),
                     None,
                 ),
-                ("dtype", verifier.dtype, "as its checkpoint stores it (its config.json)"),
+                ("dtype", verifier.dtype or "bfloat16", "as its checkpoint stores it (its config.json)"
+                 if verifier.dtype else "its config.json names none (a quantized checkpoint's): what the GPUs use"),
                 ("trust_remote_code", verifier.remote_code, "its config.json names code of its own (auto_map)"
                  if verifier.remote_code else None),
             ),
@@ -344,11 +358,14 @@ def params_for(
         ("train", _map(
             ("ttt_steps", ttt_steps, "SpecForge's training depth; serving drafts 3"),
             ("epochs", 4, None),
+            ("optimizer", "muon", "deeper acceptance than AdamW at the same steps (benchmarks/README.md)"),
             ("batch_size", 2 * gpus, f"sequences per optimizer step, over {gpus} GPU(s)"),
             ("max_tokens_per_batch", gpus * longest, "one longest sample per GPU, more of the short ones"),
             ("precision", "auto", "bf16 autocast on the GPUs"),
             ("activation_checkpointing", recompute, memory),
             ("sharding", "ddp", "the one-layer draft replicates on every GPU"),
+            ("draft_layout", _map(*[(key, value, None) for key, value in EAGLE_3_1.model_dump().items()]),
+             "EAGLE 3.1: a norm per captured layer before fc, post-norm feedback (benchmarks/README.md)"),
             ("launch", _map(
                 ("processes_per_node", gpus, "one per GPU"),
                 ("gpu", gpu, f"{gpu_name}: `eagle3 check` holds training and evaluate to its memory"),
@@ -384,6 +401,7 @@ def params_for(
         f"An EAGLE-3 draft for {verifier.name} ({verifier.architecture}, hidden {verifier.text['hidden_size']}, "
         f"{layers} layers, vocabulary {int(verifier.text['vocab_size']):,}) on one machine of {gpus} x {gpu_name}:\n"
         f"every stage there (`dvc repro`). Written by `eagle3 init --verifier`; each value says why."
+        + (f"\n{origin}" if origin else "")
     )
     out = io.StringIO()
     yaml_round_trip().dump(document, out)
@@ -392,7 +410,9 @@ def params_for(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verifier", type=Path, metavar="DIR", help="the verifier's Hugging Face directory")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs on the machine (with --verifier; default 1)")
+    parser.add_argument(
+        "--gpus", type=int, help="GPUs on the machine (with --verifier: default 1; a recipe: the count it names)"
+    )
     parser.add_argument(
         "--name", dest="name_override", metavar="ORG/MODEL", help="the verifier's Hub id where its config does not say"
     )

@@ -286,14 +286,15 @@ def streamed_fit(train: TrainMemory, recompute: str, share: float, phases: bool)
 
 
 def _verifier_config(params: "Params", root: Path) -> tuple[dict[str, Any] | None, float | None, str]:
-    """The configured verifier's language-model config and weight bytes: a preset of that name, else the verifier
-    stage's record and directory; (None, None, why) where neither is here."""
+    """The configured verifier's language-model config and weight bytes: a preset of that name, else its directory
+    here, else a shipped recipe's files for it, else the verifier stage's record; (None, None, why) where none is."""
     from eagle3.config import configured_verifier
     from eagle3.formats.hf_config import read_config, text_config
     from eagle3.formats.provenance import read_provenance, verifier_dir, verifier_location
     from eagle3.paths import PROVENANCE
     from eagle3.tools.plan_types import PRESETS
-    from eagle3.tools.plan_verifier import weight_file_bytes
+    from eagle3.tools.plan_verifier import weight_file_bytes, weights_bytes
+    from eagle3.tools.recipes import recipe_for
 
     name = configured_verifier(params)
     preset = next((shape for shape in PRESETS.values() if shape.name == name), None)
@@ -312,6 +313,10 @@ def _verifier_config(params: "Params", root: Path) -> tuple[dict[str, Any] | Non
             weights = weight_file_bytes(directory)
             if weights:
                 return config, weights, f"{name}'s config.json"
+    shipped = recipe_for(name)
+    if shipped is not None:
+        weights = weights_bytes(shipped.files)
+        return text_config(read_config(shipped.files)), weights, f"{name}'s config.json (the {shipped.name} recipe)"
     if not (root / PROVENANCE).is_file() or read_provenance(root).name != name:
         return None, None, f"{name}'s shape is not known until `dvc repro verifier` records it"
     try:

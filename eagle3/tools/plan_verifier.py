@@ -16,6 +16,19 @@ def weight_file_bytes(model_dir: Path) -> float:
     return float(sum(path.stat().st_size for path in model_dir.glob("*.safetensors")))
 
 
+def weights_bytes(model_dir: Path) -> float | None:
+    """What is on disk (tensors and their headers: what a copy moves), else model.safetensors.index.json's tensor
+    bytes (a directory of the model's small files only), else None."""
+    on_disk = weight_file_bytes(model_dir)
+    if on_disk:
+        return on_disk
+    try:
+        index = json.loads((model_dir / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        return float(index["metadata"]["total_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def verifier_shape(spec: str) -> VerifierShape:
     """A preset name, or a Hugging Face config.json (a multimodal one's `text_config` is used). The weights' size is
     that of the *.safetensors files beside it (what a copy moves), else model.safetensors.index.json's total; the
@@ -37,14 +50,7 @@ def verifier_shape(spec: str) -> VerifierShape:
             f"{path}: not a usable verifier config.json ({type(exc).__name__}: {exc}); it needs hidden_size, "
             "num_hidden_layers and vocab_size"
         ) from None
-    # What is on disk (tensors and their headers: what a copy moves), else the index's tensor bytes.
-    weights = weight_file_bytes(path.parent) or None
-    index = path.with_name("model.safetensors.index.json")
-    if weights is None and index.is_file():
-        try:
-            weights = float(json.loads(index.read_text())["metadata"]["total_size"])
-        except (OSError, ValueError, KeyError, TypeError):
-            weights = None
+    weights = weights_bytes(path.parent)
     name = config.get("_name_or_path") or str(path.parent)
     total, active = parameter_counts(path.parent, text)
     return VerifierShape(name, hidden, layers, vocab, intermediate, total, active, weights, text)
