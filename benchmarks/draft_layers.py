@@ -15,6 +15,10 @@ memory per GPU `eagle3 plan` predicts for each layer (8 processes, ddp, no recom
 served KV cache per token in bf16.
 
     python benchmarks/draft_layers.py [--root .] [--layers llama mla] [--seeds 0 1] [--vllm] [--json results.json]
+    python benchmarks/draft_layers.py --speed-only [--root .] [--steps 8] [--rounds 3]
+
+The first form's training tokens/s come from trainings run one after the other, which a busy machine tilts;
+--speed-only times the layers in turns over the same batches in one process, for the speed ratio.
 """
 
 import argparse
@@ -68,6 +72,51 @@ def arm(root: Path, base: dict, layer: str, seed: int, scratch: Path, vllm: bool
     }
 
 
+def interleaved_speed(root: Path, layers: list[str], steps: int, rounds: int) -> dict[str, float]:
+    """Training tokens/s of each layer on the CPU, timed in turns (round by round, the same batches, the same
+    initial seed) in this process: a ratio a busy machine cannot tilt towards one layer, as it can two
+    trainings run one after the other."""
+
+    import torch
+
+    from eagle3.config import load_params
+    from eagle3.formats.hf_weights import load_verifier_tensors
+    from eagle3.formats.provenance import read_provenance, verifier_dir
+    from eagle3.stages.train import build
+    from eagle3.training.data import BatchPlan, Collate
+    from eagle3.training.distributed import Dist
+    from eagle3.training.objective import init_draft, make_objective, training_precision
+    from eagle3.training.optimizers import make_optimizer
+
+    from training_loop import timed_steps
+
+    whole = load_params(root / "params.yaml")
+    provenance = read_provenance(root)
+    verifier = load_verifier_tensors(verifier_dir(root))
+    trains = {
+        layer: whole.train.model_copy(update={"draft_layer": layer, "draft_layout": EAGLE_3_1}) for layer in layers
+    }
+    shapes = {
+        layer: build(root, whole.model_copy(update={"train": train}), provenance, Dist())
+        for layer, train in trains.items()
+    }
+    _, data, vocab = shapes[layers[0]]
+    plan = list(BatchPlan(data.lengths, whole.train.batch_size, 1, whole.train.seed))[:steps]
+    collate = Collate.for_draft(shapes[layers[0]][0])
+    batches = [collate([data[i] for i in indices]) for indices in plan]
+    precision = training_precision(whole.train, torch.device("cpu"))
+    seconds, tokens = dict.fromkeys(layers, 0.0), dict.fromkeys(layers, 0)
+    for _ in range(rounds):
+        for layer in layers:
+            config = trains[layer]
+            draft = init_draft(shapes[layer][0], verifier, vocab.d2t, config.seed)
+            objective = make_objective(draft, verifier, vocab.d2t, vocab.t2d, config, precision)
+            spent, counted = timed_steps(objective, make_optimizer(draft, config), batches, config)
+            seconds[layer] += spent
+            tokens[layer] += counted
+    return {layer: tokens[layer] / seconds[layer] for layer in layers}
+
+
 def kimi_shape(layer: str) -> dict:
     """At Kimi-K2.5's shape: the plan's training memory per GPU and the served KV bytes per token."""
     from eagle3.modeling.draft import DraftConfig
@@ -119,8 +168,22 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--vllm", action="store_true", help="also evaluate each draft in vLLM")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="only the training speed, each layer timed in turns over the same batches (--steps, --rounds)",
+    )
+    parser.add_argument("--steps", type=int, default=8, help="with --speed-only: optimizer steps per layer and round")
+    parser.add_argument("--rounds", type=int, default=3, help="with --speed-only: rounds")
     args = parser.parse_args()
     root = args.root.resolve()
+    if args.speed_only:
+        speed = interleaved_speed(root, args.layers, args.steps, args.rounds)
+        first = speed[args.layers[0]]
+        for layer, rate in speed.items():
+            rounds = f"{args.steps} steps x {args.rounds} rounds"
+            print(f"{layer}: {rate:,.0f} training tokens/s x{rate / first:.3f} ({rounds})")
+        return
     base = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
     for layer in args.layers:
         print(f"Kimi-K2.5 shape, {layer}: {kimi_shape(layer)}", flush=True)

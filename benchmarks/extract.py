@@ -27,6 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eagle3.chat.sequence_plan import part_sequences  # noqa: E402
 from eagle3.config import load_params  # noqa: E402
 from eagle3.engines.hidden_states.batching import cut_batches, in_plan_order, length_sorted_batches  # noqa: E402
 from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
@@ -34,7 +35,7 @@ from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E40
 from eagle3.formats.shards import ShardWriter  # noqa: E402
 from eagle3.formats.synthetic import iter_records  # noqa: E402
 from eagle3.precision import engine_device_type, resolve  # noqa: E402
-from eagle3.stages.extract import _sequences, shard_meta  # noqa: E402
+from eagle3.stages.extract import shard_meta  # noqa: E402
 
 
 def plan_order_batches(sequences, batch_tokens: int) -> list[list[int]]:
@@ -59,7 +60,9 @@ def main() -> None:
     provenance = read_provenance(args.root)
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir(args.root))
     sequences = list(
-        islice(_sequences(iter_records(args.root, args.split), tokenizer, config, Counter()), args.samples)
+        islice(
+            part_sequences(iter_records(args.root, args.split), tokenizer, config.max_seq_len, Counter()), args.samples
+        )
     )
     if len(sequences) < args.samples:
         raise SystemExit(f"need {args.samples} sequences in data/synthetic/{args.split}; run `dvc repro generate`")

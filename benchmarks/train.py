@@ -19,7 +19,8 @@ from eagle3.formats.provenance import read_provenance, verifier_dir
 from eagle3.stages.train import build
 from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
 from eagle3.training.distributed import Dist
-from eagle3.training.objective import init_draft, make_objective, make_optimizer, training_precision
+from eagle3.training.objective import init_draft, make_objective, training_precision
+from eagle3.training.optimizers import make_optimizer
 
 from training_loop import timed_steps
 

@@ -3,7 +3,7 @@
 Each configuration (overrides of params.yaml's `vocab` and `train` sections) builds the draft vocabulary and
 trains a draft from scratch with the real stages (eagle3/stages/{vocab,train,export}.py) in a scratch project
 that links this one's verifier and hidden states, then measures the exported draft's offline tokens per
-verifier step at k=3 over the held-out hidden states (eagle3/modeling/offline_estimate.py: offline_estimate; the
+verifier step at k=3 over the held-out hidden states (eagle3/engines/offline_estimate.py: offline_estimate; the
 evaluate stage writes the vLLM figure beside it, with the gap). Configurations run one after another in this
 process, so their wall times are comparable; the printed ratios are against the first configuration.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from eagle3.config import load_params
-from eagle3.modeling.offline_estimate import offline_estimate
+from eagle3.engines.offline_estimate import offline_estimate
 from eagle3.paths import HIDDEN_DIR, VERIFIER_DIR
 from eagle3.stages import export, train, vocab
 

@@ -24,7 +24,8 @@ from eagle3.stages.train import build
 from eagle3.stages.vocab import count_tokens, mapping, select
 from eagle3.training.data import BatchPlan, Collate
 from eagle3.training.distributed import Dist
-from eagle3.training.objective import init_draft, make_objective, make_optimizer, training_precision
+from eagle3.training.objective import init_draft, make_objective, training_precision
+from eagle3.training.optimizers import make_optimizer
 
 from training_loop import timed_steps
 
