@@ -237,6 +237,11 @@ def test_mla_layer_refuses_what_vllm_would_compute_otherwise():
     llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64, "rope_theta": 5000.0}
     with pytest.raises(Eagle3Error, match="llama3-scaled.*rope_scaling: none, or a yarn mapping"):
         DraftConfig.from_verifier({**LLAMA_VERIFIER, "rope_parameters": llama3}, (1, 4, 6), 40, layer="mla")
+    per_layer_type = {"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {}}
+    with pytest.raises(
+        Eagle3Error, match="per layer type, and the draft has one layer; set train.attention.rope_theta"
+    ):
+        DraftConfig.from_verifier({**LLAMA_VERIFIER, "rope_parameters": per_layer_type}, (1, 4, 6), 40, layer="mla")
     # vLLM's DeepSeek YaRN reads original_max_position_embeddings; transformers' yarn would default it.
     yarn = {**LLAMA_VERIFIER, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5000.0}}
     with pytest.raises(Eagle3Error, match="no original_max_position_embeddings"):

@@ -97,3 +97,40 @@ def test_init_writes_a_recipe_check_sizes_it_and_other_gpus_size_it_again(tmp_pa
     assert (
         refused.stderr.strip() == "eagle3 init: error: --layout B: gpt-oss-20b is a one-machine recipe; --layout single"
     )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["gpt-oss-20B", "--layout", "single"],
+            "no shipped configuration 'gpt-oss-20B'; one of kimi-k2.5 (--layout A, B or C), gpt-oss-20b (--layout "
+            "single)",
+        ),
+        (
+            ["gpt-oss-20b", "--layout", "single", "--name", "me/model"],
+            "--name: not for gpt-oss-20b, whose recipe names it",
+        ),
+        (
+            ["kimi-k2.5", "--layout", "A", "--gpus", "4"],
+            "--gpus: not for kimi-k2.5, a hero-run configuration; with --verifier DIR or a one-machine recipe",
+        ),
+        (
+            ["kimi-k2.5", "--layout", "B", "--thinking", "off"],
+            "--thinking: not for kimi-k2.5, a hero-run configuration; with --verifier DIR or a one-machine recipe",
+        ),
+    ],
+)
+def test_init_refuses_a_flag_the_name_does_not_take_in_one_line(tmp_path, args, message):
+    refused = eagle3(tmp_path, "init", *args, check=False)
+    assert refused.returncode == 2 and refused.stderr.strip() == f"eagle3 init: error: {message}"
+    assert not (tmp_path / "params.yaml").exists()
+
+
+def test_a_recipe_takes_thinking_and_a_license_override_over_its_own():
+    text = render_recipe("gpt-oss-20b", thinking=True, license_override="the publisher's terms allow it")
+    params = yaml.safe_load(text)
+    assert params["generate"]["sampling"]["max_tokens"] == 16384  # long reasoning answers
+    assert params["report"]["license_overrides"] == [
+        {"license": "apache-2.0", "reason": "the publisher's terms allow it"}
+    ]

@@ -19,7 +19,8 @@ from eagle3.params.train import DraftAttention, DraftLayer
 
 # Config keys copied verbatim from the verifier so rope (incl. scaling such as YaRN) is computed identically.
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
-# The Llama-style draft of an MLA verifier (train.attention's docs): unscaled, at this theta.
+# The Llama-style draft of an MLA verifier (train.attention's docs): unscaled, at this theta; also the theta of a
+# draft whose verifier names none.
 MLA_VERIFIER_DRAFT_THETA = 1e6
 # What vLLM's DeepSeek YaRN reads besides rope_theta (get_rope's deepseek_yarn branch); the first two are required.
 DEEPSEEK_YARN_KEYS = (
@@ -59,6 +60,11 @@ def _mla_rope(rope: dict[str, Any]) -> dict[str, Any]:
     parameters = rope.get("rope_parameters") or rope.get("rope_scaling") or {}
     theta = parameters.get("rope_theta") or rope.get("rope_theta") or MLA_VERIFIER_DRAFT_THETA
     rope_type = parameters.get("rope_type") or parameters.get("type") or "default"
+    if any(isinstance(value, dict) for value in parameters.values()):
+        raise Eagle3Error(
+            "train.draft_layer mla: the verifier's rope is set per layer type, and the draft has one layer; set "
+            "train.attention.rope_theta, and rope_scaling (none or a yarn mapping)"
+        )
     if rope_type == "default":
         return {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
     if rope_type != "yarn":
@@ -91,8 +97,8 @@ def rotary_rope(rope: dict[str, Any], layer: DraftLayer) -> dict[str, Any]:
     yarn = _yarn(rope) if layer == "mla" else None
     if yarn is None:
         return rope
-    scale = _yarn_mscale(yarn["factor"], yarn.get("mscale") or 1.0) / _yarn_mscale(
-        yarn["factor"], yarn.get("mscale_all_dim") or 0.0
+    scale = _yarn_mscale(yarn["factor"], yarn.get("mscale", 1.0)) / _yarn_mscale(
+        yarn["factor"], yarn.get("mscale_all_dim", 0.0)
     )
     return {"rope_parameters": {**yarn, "attention_factor": scale}}
 
@@ -100,5 +106,5 @@ def rotary_rope(rope: dict[str, Any], layer: DraftLayer) -> dict[str, Any]:
 def mla_softmax_scale(rope: dict[str, Any], qk_dim: int) -> float:
     """The MLA layer's attention scale: 1/sqrt(nope + rope), times mscale(factor, mscale_all_dim)^2 under YaRN."""
     yarn = _yarn(rope)
-    mscale = _yarn_mscale(yarn["factor"], yarn.get("mscale_all_dim") or 0.0) if yarn else 1.0
+    mscale = _yarn_mscale(yarn["factor"], yarn.get("mscale_all_dim", 0.0)) if yarn else 1.0
     return qk_dim**-0.5 * mscale * mscale

@@ -153,7 +153,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--layout",
         required=True,
         choices=(*LAYOUTS, "single"),
-        help="A, B or C, as `eagle3 plan` names them; single (with --verifier): every stage on one GPU machine",
+        help="A, B or C, as `eagle3 plan` names them; single (with --verifier or a recipe): every stage on one GPU "
+        "machine",
     )
     parser.add_argument(
         "--gpu",
@@ -174,13 +175,39 @@ def _text(args: argparse.Namespace) -> tuple[str, str, str]:
 
     if (args.name is None) == (args.verifier is None):
         raise Eagle3Error(f"give a shipped configuration ({shipped_names()}) or --verifier DIR, not both")
+    if args.name is not None and args.name not in (*shipped(), *recipes()):
+        raise Eagle3Error(f"no shipped configuration {args.name!r}; one of {shipped_names()}")
     if args.gpus is not None and args.gpus < 1:
         raise Eagle3Error(f"--gpus: at least 1, got {args.gpus}")
+    # What only sizing from a model's files reads; a recipe takes --thinking and --license-override over its own.
+    files_only = {
+        "--name": args.name_override,
+        "--license": args.license_id,
+        "--trust-remote-code": args.trust_remote_code or None,
+    }
+    sizing = {"--gpus": args.gpus, "--thinking": args.thinking, "--license-override": args.license_override}
+    hero = args.name in shipped()
+    unused = [flag for flag, value in files_only.items() if value is not None and args.verifier is None]
+    unused += [flag for flag, value in sizing.items() if value is not None and hero]
+    if unused:
+        raise Eagle3Error(
+            f"{unused[0]}: not for {args.name}, "
+            + (
+                "a hero-run configuration; with --verifier DIR or a one-machine recipe"
+                if hero
+                else "whose recipe names it"
+            )
+        )
     if args.name in recipes():
         if args.layout != "single":
             raise Eagle3Error(f"--layout {args.layout}: {args.name} is a one-machine recipe; --layout single")
-        text = _with_draft_repo(render_recipe(args.name, args.gpu, args.gpus), args.draft_repo)
-        return text, f"the {args.name} recipe, layout single", str(CONFIGS_DIR / f"{args.name}.yaml")
+        thinking = None if args.thinking is None else args.thinking == "on"
+        text = render_recipe(args.name, args.gpu, args.gpus, thinking, args.license_override)
+        return (
+            _with_draft_repo(text, args.draft_repo),
+            f"the {args.name} recipe, layout single",
+            str(CONFIGS_DIR / f"{args.name}.yaml"),
+        )
     if args.verifier is None:
         if args.layout == "single":
             raise Eagle3Error(f"--layout single: with --verifier DIR; {args.name} is shipped for A, B or C")

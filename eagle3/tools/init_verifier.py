@@ -66,6 +66,7 @@ class Verifier:
     architecture: str
     text: dict[str, Any]
     dtype: str | None  # what its config says the weights are stored in; None: it does not say
+    quantization: str | None  # its config's quantization_config.quant_method
     weights_bytes: float
     thinking_switch: str | None
     sampling: dict[str, float]
@@ -116,6 +117,7 @@ def read_verifier(directory: Path, name: str | None, license_id: str | None) -> 
         architecture=architecture,
         text=text,
         dtype=stored_dtype(text) or stored_dtype(config),
+        quantization=(config.get("quantization_config") or {}).get("quant_method"),
         weights_bytes=weights,
         thinking_switch=_thinking_switch(directory),
         sampling=_recommended_sampling(directory),
@@ -307,7 +309,8 @@ def params_for(
                     None,
                 ),
                 ("dtype", verifier.dtype or "bfloat16", "as its checkpoint stores it (its config.json)"
-                 if verifier.dtype else "its config.json names none (a quantized checkpoint's): what the GPUs use"),
+                 if verifier.dtype else "its config.json names none: what the GPUs compute in"
+                 + (f" (its weights are {verifier.quantization}-quantized)" if verifier.quantization else "")),
                 ("trust_remote_code", verifier.remote_code, "its config.json names code of its own (auto_map)"
                  if verifier.remote_code else None),
             ),

@@ -285,11 +285,22 @@ def streamed_fit(train: TrainMemory, recompute: str, share: float, phases: bool)
     return StreamedFit(train.gpu, train.memory_bytes, share, phases, setting.at_max_tokens_bytes, setting.resting_bytes)
 
 
-def _verifier_config(params: "Params", root: Path) -> tuple[dict[str, Any] | None, float | None, str]:
-    """The configured verifier's language-model config and weight bytes: a preset of that name, else its directory
-    here, else a shipped recipe's files for it, else the verifier stage's record; (None, None, why) where none is."""
+@dataclass(frozen=True)
+class KnownVerifier:
+    """What `eagle3 check` knows of the configured verifier before its stages run; config None: nothing, `source`
+    says why."""
+
+    config: dict[str, Any] | None
+    weights: float | None
+    stored_dtype: str | None
+    source: str
+
+
+def _verifier_config(params: "Params", root: Path) -> KnownVerifier:
+    """The configured verifier's language-model config, weight bytes and stored dtype: a preset of that name, else
+    its directory here, else the verifier stage's record of it, else a shipped recipe's files for it."""
     from eagle3.config import configured_verifier
-    from eagle3.formats.hf_config import read_config, text_config
+    from eagle3.formats.hf_config import read_config, stored_dtype, text_config
     from eagle3.formats.provenance import read_provenance, verifier_dir, verifier_location
     from eagle3.paths import PROVENANCE
     from eagle3.tools.plan_types import PRESETS
@@ -299,31 +310,30 @@ def _verifier_config(params: "Params", root: Path) -> tuple[dict[str, Any] | Non
     name = configured_verifier(params)
     preset = next((shape for shape in PRESETS.values() if shape.name == name), None)
     if preset is not None:
-        return preset.config, preset.weights_bytes, f"the {name} preset"
-    if params.verifier.source.kind == "local":
-        try:
-            directory, _ = verifier_location(root)
-        except Eagle3Error:
-            directory = None
-        if directory is not None and (directory / "config.json").is_file():
-            try:
-                config = text_config(read_config(directory))
-            except Eagle3Error as exc:
-                return None, None, str(exc)
-            weights = weight_file_bytes(directory)
-            if weights:
-                return config, weights, f"{name}'s config.json"
-    shipped = recipe_for(name)
-    if shipped is not None:
-        weights = weights_bytes(shipped.files)
-        return text_config(read_config(shipped.files)), weights, f"{name}'s config.json (the {shipped.name} recipe)"
-    if not (root / PROVENANCE).is_file() or read_provenance(root).name != name:
-        return None, None, f"{name}'s shape is not known until `dvc repro verifier` records it"
+        return KnownVerifier(preset.config, preset.weights_bytes, None, f"the {name} preset")
     try:
-        config = text_config(read_config(verifier_dir(root)))
+        if params.verifier.source.kind == "local":
+            try:
+                directory, _ = verifier_location(root)
+            except Eagle3Error:
+                directory = None
+            if directory is not None and (directory / "config.json").is_file():
+                config = read_config(directory)
+                weights = weight_file_bytes(directory)
+                if weights:
+                    return KnownVerifier(text_config(config), weights, stored_dtype(config), f"{name}'s config.json")
+        if (root / PROVENANCE).is_file() and read_provenance(root).name == name:
+            record = read_provenance(root)
+            config = text_config(read_config(verifier_dir(root)))
+            return KnownVerifier(config, float(record.weight_bytes), record.dtype, f"{name}'s config.json")
+        shipped = recipe_for(name)
+        if shipped is not None:
+            config = read_config(shipped.files)
+            source = f"{name}'s config.json (the {shipped.name} recipe)"
+            return KnownVerifier(text_config(config), weights_bytes(shipped.files), stored_dtype(config), source)
     except Eagle3Error as exc:
-        return None, None, str(exc)
-    return config, float(read_provenance(root).weight_bytes), f"{name}'s config.json"
+        return KnownVerifier(None, None, None, str(exc))
+    return KnownVerifier(None, None, None, f"{name}'s shape is not known until `dvc repro verifier` records it")
 
 
 def check_gpu_memory(params: "Params", path: Path) -> list[str]:
@@ -334,7 +344,8 @@ def check_gpu_memory(params: "Params", path: Path) -> list[str]:
     gpu = train.launch.gpu
     if gpu is None:
         return ["train.launch.gpu is not set: the training memory is not held to a GPU (`eagle3 init NAME --gpu KIND`)"]
-    config, weights, source = _verifier_config(params, path.resolve().parent)
+    known = _verifier_config(params, path.resolve().parent)
+    config, weights, source = known.config, known.weights, known.source
     if config is None:
         return [f"GPU memory not checked: {source}"]
     per_node = train.launch.processes_per_node
@@ -372,18 +383,6 @@ def check_gpu_memory(params: "Params", path: Path) -> list[str]:
     return [f"GPU memory with streamed states: {fit.summary()} per {GPUS[gpu].name} ({source})"]
 
 
-def _stored_dtype(params: "Params", root: Path) -> str | None:
-    """The dtype the verifier's weights are stored in: the verifier stage's record, else its config.json's."""
-    from eagle3.formats.hf_config import read_config, stored_dtype
-    from eagle3.formats.provenance import read_provenance, verifier_location
-    from eagle3.paths import PROVENANCE
-
-    if (root / PROVENANCE).is_file():
-        return read_provenance(root).dtype
-    directory, _ = verifier_location(root)
-    return stored_dtype(read_config(directory))
-
-
 def check_evaluate_memory(params: "Params", path: Path) -> list[str]:
     """`eagle3 check`: evaluate's in-process engines hold the verifier within evaluate.vllm.gpu_memory_utilization
     of train.launch.gpu, in the dtype they compute in there (float32 doubles 16-bit weights: the CPU's exact
@@ -392,12 +391,12 @@ def check_evaluate_memory(params: "Params", path: Path) -> list[str]:
     if evaluate.backend != "engines" or gpu is None:
         return []
     root = path.resolve().parent
-    _, weights, source = _verifier_config(params, root)
+    known = _verifier_config(params, root)
+    weights, source = known.weights, known.source
     if weights is None:
         return [f"evaluate's GPU memory not checked: {source}"]
     engine = evaluate.vllm
-    stored = _stored_dtype(params, root) if source.endswith("config.json") else None
-    widened = engine.dtype == "float32" and stored in ("bfloat16", "float16")
+    widened = engine.dtype == "float32" and known.stored_dtype in ("bfloat16", "float16")
     need = weights * (2 if widened else 1) / engine.tensor_parallel_size
     held = engine.gpu_memory_utilization * GPUS[gpu].memory_gb * GB
     dtype = "float32" if widened else "the dtype they are stored in"

@@ -65,8 +65,15 @@ def recipe_for(hub_id: str) -> Recipe | None:
     return next((chosen for chosen in map(recipe, recipes()) if chosen.hub_id == hub_id), None)
 
 
-def render_recipe(name: str, gpu: str | None = None, gpus: int | None = None) -> str:
-    """The params text of recipe `name`, sized for `gpus` x `gpu` (default: the recipe's own)."""
+def render_recipe(
+    name: str,
+    gpu: str | None = None,
+    gpus: int | None = None,
+    thinking: bool | None = None,
+    license_override: str | None = None,
+) -> str:
+    """The params text of recipe `name`, sized for `gpus` x `gpu`, with thinking and a license override as given
+    (each default: the recipe's own)."""
     from eagle3.tools.init_verifier import params_for, read_verifier
 
     chosen = recipe(name)
@@ -80,9 +87,9 @@ def render_recipe(name: str, gpu: str | None = None, gpus: int | None = None) ->
         verifier,
         gpu or chosen.gpu,
         gpus or chosen.gpus,
-        chosen.thinking,
+        chosen.thinking if thinking is None else thinking,
         False,
-        chosen.license_override,
+        license_override or chosen.license_override,
         source_path=chosen.weights_path,
         origin=origin,
     )
