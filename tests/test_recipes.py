@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from eagle3.config import load_params
-from eagle3.tools.config_files import CONFIGS_DIR, recipes, shipped
+from eagle3.tools.config_files import CONFIGS_DIR, recipe, recipes, shipped
 from eagle3.tools.init_verifier import _thinking_switch
-from eagle3.tools.recipes import recipe, render_recipe, stale
+from eagle3.tools.recipes import render_recipe, stale
 
 from conftest import eagle3
 

@@ -1,11 +1,18 @@
-"""The shipped configurations (eagle3/configs/NAME.yaml) and the YAML round trip that keeps their comments, for
+"""The shipped configurations (eagle3/configs/NAME.yaml), the one-machine recipes' own files and choices
+(eagle3/configs/verifiers/NAME/recipe.json), and the YAML round trip that keeps their comments, for
 `eagle3 init` (eagle3/tools/configs.py) and the files it sizes for other verifiers (eagle3/tools/init_verifier.py)."""
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
+
+from eagle3.errors import Eagle3Error
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 # A one-machine recipe's own files (eagle3/tools/recipes.py): RECIPES_DIR/NAME/recipe.json and the model's files.
 RECIPES_DIR = CONFIGS_DIR / "verifiers"
+# Where a recipe expects the weights; the machine's own place is EAGLE3_VERIFIER_PATH.
+MODELS_DIR = "/models"
 
 
 def recipes() -> list[str]:
@@ -37,3 +44,44 @@ def yaml_round_trip():
         type(None), lambda representer, _: representer.represent_scalar("tag:yaml.org,2002:null", "null")
     )
     return yaml
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str  # the recipe's (and its directory's) name
+    hub_id: str
+    revision: str
+    gpu: str
+    gpus: int
+    thinking: bool | None
+    license_override: str | None
+
+    @property
+    def files(self) -> Path:
+        return RECIPES_DIR / self.name
+
+    @property
+    def weights_path(self) -> str:
+        return f"{MODELS_DIR}/{self.hub_id.split('/')[-1]}"
+
+
+def recipe(name: str) -> Recipe:
+    path = RECIPES_DIR / name / "recipe.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Recipe(
+            name=name,
+            hub_id=data["hub_id"],
+            revision=data["revision"],
+            gpu=data["gpu"],
+            gpus=int(data["gpus"]),
+            thinking=data.get("thinking"),
+            license_override=data.get("license_override"),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise Eagle3Error(f"{path}: not a recipe ({type(exc).__name__}: {exc})") from None
+
+
+def recipe_for(hub_id: str) -> Recipe | None:
+    """The recipe for the verifier with this Hub id, if one is shipped."""
+    return next((chosen for chosen in map(recipe, recipes()) if chosen.hub_id == hub_id), None)

@@ -303,9 +303,9 @@ def _verifier_config(params: "Params", root: Path) -> KnownVerifier:
     from eagle3.formats.hf_config import read_config, stored_dtype, text_config
     from eagle3.formats.provenance import read_provenance, verifier_dir, verifier_location
     from eagle3.paths import PROVENANCE
+    from eagle3.tools.config_files import recipe_for
     from eagle3.tools.plan_types import PRESETS
     from eagle3.tools.plan_verifier import weight_file_bytes, weights_bytes
-    from eagle3.tools.recipes import recipe_for
 
     name = configured_verifier(params)
     preset = next((shape for shape in PRESETS.values() if shape.name == name), None)

@@ -13,56 +13,8 @@ sizes it again from the same files.
 """
 
 import argparse
-import json
-from dataclasses import dataclass
-from pathlib import Path
 
-from eagle3.errors import Eagle3Error
-from eagle3.tools.config_files import CONFIGS_DIR, RECIPES_DIR, recipes
-
-# Where a recipe expects the weights; the machine's own place is EAGLE3_VERIFIER_PATH.
-MODELS_DIR = "/models"
-
-
-@dataclass(frozen=True)
-class Recipe:
-    name: str  # the recipe's (and its directory's) name
-    hub_id: str
-    revision: str
-    gpu: str
-    gpus: int
-    thinking: bool | None
-    license_override: str | None
-
-    @property
-    def files(self) -> Path:
-        return RECIPES_DIR / self.name
-
-    @property
-    def weights_path(self) -> str:
-        return f"{MODELS_DIR}/{self.hub_id.split('/')[-1]}"
-
-
-def recipe(name: str) -> Recipe:
-    path = RECIPES_DIR / name / "recipe.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return Recipe(
-            name=name,
-            hub_id=data["hub_id"],
-            revision=data["revision"],
-            gpu=data["gpu"],
-            gpus=int(data["gpus"]),
-            thinking=data.get("thinking"),
-            license_override=data.get("license_override"),
-        )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise Eagle3Error(f"{path}: not a recipe ({type(exc).__name__}: {exc})") from None
-
-
-def recipe_for(hub_id: str) -> Recipe | None:
-    """The recipe for the verifier with this Hub id, if one is shipped."""
-    return next((chosen for chosen in map(recipe, recipes()) if chosen.hub_id == hub_id), None)
+from eagle3.tools.config_files import CONFIGS_DIR, recipe, recipes
 
 
 def render_recipe(
