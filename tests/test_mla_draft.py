@@ -13,6 +13,7 @@ from eagle3.formats.exported_draft import check_draft, load_exported_draft, writ
 from eagle3.modeling.draft import MLA_KEYS, DraftConfig, Eagle3Draft
 from eagle3.params.train import DraftAttention, DraftLayout, DraftMLA, TrainParams
 from eagle3.stages.vocab import mapping
+from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
 
 LLAMA_VERIFIER = {
     "hidden_size": 48,
@@ -26,31 +27,6 @@ LLAMA_VERIFIER = {
     "rms_norm_eps": 1e-5,
     "hidden_act": "silu",
     "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0},
-}
-# Kimi-K2.5's text backbone, as far as the draft's shape reads it.
-KIMI_TEXT = {
-    "hidden_size": 7168,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 64,
-    "intermediate_size": 18432,
-    "num_hidden_layers": 61,
-    "vocab_size": 163840,
-    "max_position_embeddings": 262144,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "rope_scaling": {
-        "type": "yarn",
-        "factor": 64.0,
-        "original_max_position_embeddings": 4096,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    },
-    "rope_theta": 50000.0,
 }
 # A YaRN verifier with mscale_all_dim alone: both of DeepSeek YaRN's scales (cos/sin and softmax) are not 1, and the
 # cos/sin scale is not the one transformers' yarn would infer.
@@ -195,7 +171,7 @@ def test_mla_attention_equals_the_absorbed_form_vllm_decodes_in(mla, rope):
 
 
 def test_mla_shape_from_an_mla_verifier_from_a_llama_one_and_from_train_mla():
-    kimi = DraftConfig.from_verifier(KIMI_TEXT, (2, 30, 58), 32000, layer="mla")
+    kimi = DraftConfig.from_verifier(KIMI_K2_5_TEXT_CONFIG, (2, 30, 58), 32000, layer="mla")
     assert (kimi.num_attention_heads, kimi.num_key_value_heads, kimi.head_dim) == (64, 64, 64)
     assert (kimi.q_lora_rank, kimi.kv_lora_rank, kimi.qk_nope_head_dim, kimi.qk_rope_head_dim, kimi.v_head_dim) == (
         1536,
@@ -209,11 +185,11 @@ def test_mla_shape_from_an_mla_verifier_from_a_llama_one_and_from_train_mla():
     assert kimi.rope == {
         "rope_parameters": {
             "rope_type": "yarn",
-            **{key: value for key, value in KIMI_TEXT["rope_scaling"].items() if key != "type"},
+            **{key: value for key, value in KIMI_K2_5_TEXT_CONFIG["rope_scaling"].items() if key != "type"},
             "rope_theta": 50000.0,
         }
     }
-    assert DraftConfig.from_verifier(KIMI_TEXT, (2, 30, 58), 32000).rope == {
+    assert DraftConfig.from_verifier(KIMI_K2_5_TEXT_CONFIG, (2, 30, 58), 32000).rope == {
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}
     }
     llama = DraftConfig.from_verifier(LLAMA_VERIFIER, (1, 4, 6), 40, layer="mla")
@@ -221,10 +197,10 @@ def test_mla_shape_from_an_mla_verifier_from_a_llama_one_and_from_train_mla():
     assert (llama.qk_nope_head_dim, llama.qk_rope_head_dim, llama.v_head_dim, llama.head_dim) == (12, 6, 12, 6)
     assert llama.rope == {"rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}
     chosen = DraftConfig.from_verifier(
-        KIMI_TEXT, (2, 30, 58), 32000, layer="mla", mla=DraftMLA(q_lora_rank=768, kv_lora_rank=256)
+        KIMI_K2_5_TEXT_CONFIG, (2, 30, 58), 32000, layer="mla", mla=DraftMLA(q_lora_rank=768, kv_lora_rank=256)
     )
     assert (chosen.q_lora_rank, chosen.kv_lora_rank, chosen.qk_rope_head_dim) == (768, 256, 64)
-    assert DraftConfig.from_verifier(KIMI_TEXT, (2, 30, 58), 32000).draft_layer == "llama"
+    assert DraftConfig.from_verifier(KIMI_K2_5_TEXT_CONFIG, (2, 30, 58), 32000).draft_layer == "llama"
 
 
 def test_mla_layer_refuses_what_vllm_would_compute_otherwise():

@@ -145,6 +145,11 @@ def _thinking_switch(directory: Path) -> str | None:
     if not template and tokenizer_config.is_file():
         value = json.loads(tokenizer_config.read_text(encoding="utf-8")).get("chat_template") or ""
         template = json.dumps(value) if not isinstance(value, str) else value
+    return template_switch(template)
+
+
+def template_switch(template: str) -> str | None:
+    """The variable a chat template switches thinking with (THINKING_SWITCHES), or None."""
     return next((name for name in THINKING_SWITCHES if re.search(_SWITCH_USE.format(name=name), template)), None)
 
 
