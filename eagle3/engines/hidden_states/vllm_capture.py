@@ -24,6 +24,9 @@ hidden_states[N] is the final norm's output, so the stage applies the
 verifier's final RMSNorm (its checkpoint weight, HF's arithmetic) to layer N.
 """
 
+import fcntl
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     PendingSave,
     cleanup_hidden_states,
     extract_from_kv_cache,
-    load_hidden_states,
 )
 
 from eagle3.chat.token_layout import Sequence
@@ -96,20 +98,55 @@ class Eagle3HiddenStatesConnector(ExampleHiddenStatesConnector):
         return done or None, None
 
 
+# How long a batch's files may take to appear once `generate` has returned. The engine is stepped meanwhile (each
+# step hands the connector the saves of requests that finished in the one before) and its writer threads write a
+# few GB at most per batch (tokens x captured layers x hidden x 2 bytes); minutes mean a write is stuck, and the
+# stage says so rather than wait on it.
+SAVE_TIMEOUT_S = 600.0
+
+
 def _lock_of(path: Path) -> Path:
     """The parent connector's lock beside each file it writes asynchronously (CUDA)."""
     return path.with_name(path.name + ".lock")
 
 
+def file_state(path: Path) -> str:
+    """Where a request's states file stands, without waiting: `written` (complete), `locked` (vLLM's connector
+    holds its lock: the save not yet handed to a writer, or still being written), `pending` (neither the file nor
+    its lock yet: the synchronous CPU path writes it at the next step), or `unwritten` (the lock released with no
+    file: the writer failed, and vLLM's log says why).
+
+    The lock is probed with a non-blocking shared flock, never waited on: only an engine step releases a lock whose
+    save is still queued, and the thread that would take that step is this one."""
+    try:
+        descriptor = os.open(_lock_of(path), os.O_RDONLY)
+    except FileNotFoundError:
+        return "written" if path.is_file() else "pending"
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return "locked"
+    finally:
+        os.close(descriptor)  # also releases the shared lock, if taken
+    return "written" if path.is_file() else "unwritten"
+
+
 def read_states(path: Path) -> dict[str, torch.Tensor]:
-    """A request's file, once complete: after its writer's lock is released where there is one (CUDA), else as
-    it is (written atomically). Removes the file and its lock."""
-    if _lock_of(path).is_file():
-        tensors = load_hidden_states(str(path))
-    else:
+    """A request's file, once `file_state` says it is written. Removes the file and its lock."""
+    try:
         tensors = load_file(path)
+    except Exception as exc:  # safetensors' own error type for a truncated or damaged file
+        raise Eagle3Error(
+            f"extract.backend vllm: {path}: vLLM's connector left an unreadable file ({exc}); its log says why"
+        ) from None
     cleanup_hidden_states(str(path))
     return tensors
+
+
+def _named(paths: list[Path]) -> str:
+    """Up to three file names of a batch and how many more, for one error line."""
+    shown = ", ".join(str(path) for path in paths[:3])
+    return f"{shown} and {len(paths) - 3} more" if len(paths) > 3 else shown
 
 
 def check_whole_prefills(llm: Any, max_model_len: int) -> None:
@@ -194,16 +231,9 @@ class VllmHiddenStates:
             raise Eagle3Error(
                 f"extract.backend vllm: vLLM returned no hidden_states_path; is the {CONNECTOR} connector loaded?"
             )
-        # States are copied one engine step after their request finishes; the engine has no more outputs to
-        # report, so step it until every file is there (a few steps; the bound only guards against a hang).
-        for _ in range(64):
-            if all(p.is_file() or _lock_of(p).is_file() for p in paths):
-                break
-            self.llm.llm_engine.step()
+        self.await_files(paths)
         states = []
         for sequence, path in zip(batch, paths, strict=True):
-            if not (path.is_file() or _lock_of(path).is_file()):
-                raise Eagle3Error(f"extract.backend vllm: {path}: hidden states never written by {CONNECTOR}")
             tensors = read_states(path)
             if not torch.equal(tensors["token_ids"].to(torch.int64), sequence.input_ids):
                 raise Eagle3Error(f"extract.backend vllm: {sequence.sample_id}: vLLM saw other token ids than planned")
@@ -215,6 +245,42 @@ class VllmHiddenStates:
             ]
             states.append(torch.stack(layers).to(torch.bfloat16).contiguous())
         return states
+
+    def await_files(self, paths: list[Path]) -> None:
+        """Step the engine until every file in `paths` is written (`file_state`), at most SAVE_TIMEOUT_S seconds.
+
+        `generate` returns once no request is unfinished, but a request's save is handed to the connector only by
+        the engine step after the one it finished in: vLLM's CUDA path holds each file's lock from the step that
+        scheduled the request until a writer thread has written it, and the CPU path writes in that next step. So
+        the engine is stepped (a step with nothing scheduled only runs the connector) until every file is written;
+        once every save has been handed over, the steps only pass the time the writer threads take."""
+        engine = self.llm.llm_engine
+        deadline, steps = time.monotonic() + SAVE_TIMEOUT_S, 0
+        while True:
+            states = {path: file_state(path) for path in paths}
+            unwritten = [path for path, state in states.items() if state == "unwritten"]
+            if unwritten:
+                raise Eagle3Error(
+                    f"extract.backend vllm: vLLM's connector released {_named(unwritten)} without writing it; the "
+                    "writer's error is in vLLM's log ('Hidden-states write failed'): free disk space or fix the spool "
+                    "directory, then rerun (finished shards are kept)"
+                )
+            waiting = [path for path, state in states.items() if state != "written"]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                locked = sum(states[path] == "locked" for path in waiting)
+                raise Eagle3Error(
+                    f"extract.backend vllm: {_named(waiting)} not written {SAVE_TIMEOUT_S:g} s after generate returned "
+                    f"({locked} still locked by vLLM's connector, {len(waiting) - locked} neither written nor locked; "
+                    f"{steps} engine steps taken since, unfinished requests: {engine.has_unfinished_requests()}); "
+                    "vLLM's log says what its writer threads did: check the spool directory's disk, then rerun "
+                    "(finished shards are kept)"
+                )
+            engine.step()
+            steps += 1
+            if steps > 2:  # every save handed over by now: the writer threads are what is left
+                time.sleep(0.01)
 
     def sleep(self) -> None:
         # Level 1: weights to host memory, KV cache (and the hidden-state slots in it) discarded.

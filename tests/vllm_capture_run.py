@@ -1,13 +1,17 @@
 """Run as a script by tests/test_extract_chunked.py: the vllm capture backend on a verifier directory, for the
-sequences in a safetensors file, with the stage's engine settings or (--step-tokens) chunked prefill forced on at
-that budget; writes each sequence's states, and what the stage's check said of the engine."""
+sequences in a safetensors file, with the stage's engine settings, or (--step-tokens) chunked prefill forced on at
+that budget, or (--cuda-connector-path) vLLM's connector on the path it takes on CUDA (tests/cuda_connector_on_cpu.py);
+writes each sequence's states, what the stage's check said of the engine, how many asynchronous writes ran, and
+what was left in the spool."""
 
 import argparse
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from cuda_connector_on_cpu import WRITES, force_cuda_connector_path
 from safetensors.torch import load_file, save_file
 
 from eagle3.chat.token_layout import Sequence
@@ -31,6 +35,8 @@ def main(args: argparse.Namespace) -> None:
             refusals.append(str(exc))
 
     vllm_capture.check_whole_prefills = checked
+    if args.cuda_connector_path:
+        force_cuda_connector_path(writers_stall=args.writers_stall)
     if args.step_tokens is not None:
         chunked = {"enable_chunked_prefill": True, "max_num_batched_tokens": args.step_tokens, "max_num_seqs": 4}
         vllm_capture.whole_prefills = lambda step_tokens: chunked
@@ -51,11 +57,22 @@ def main(args: argparse.Namespace) -> None:
         spool=args.out.parent / "spool",
         dtype=args.dtype,
     )
+    if args.save_timeout is not None:
+        vllm_capture.SAVE_TIMEOUT_S = args.save_timeout
     capture = vllm_capture.VllmHiddenStates(request)
-    states = capture.forward(sequences)
-    capture.close()
-    save_file({s.sample_id: h for s, h in zip(sequences, states, strict=True)}, args.out)
-    args.out.with_suffix(".json").write_text(json.dumps({"refusals": refusals}))
+    error = None
+    try:
+        states = capture.forward(sequences)
+    except Eagle3Error as exc:
+        error, states = str(exc), []
+    else:
+        capture.close()
+    save_file({s.sample_id: h for s, h in zip(sequences, states, strict=False)}, args.out)
+    left = sorted(path.name for path in request.spool.iterdir())
+    record = {"refusals": refusals, "writes": WRITES, "spool_left": left, "error": error}
+    args.out.with_suffix(".json").write_text(json.dumps(record))
+    # Stalled writer threads would keep the interpreter from exiting.
+    os._exit(0)
 
 
 if __name__ == "__main__":
@@ -67,4 +84,7 @@ if __name__ == "__main__":
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--step-tokens", type=int)
     parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--cuda-connector-path", action="store_true")
+    parser.add_argument("--writers-stall", action="store_true")
+    parser.add_argument("--save-timeout", type=float)
     main(parser.parse_args())
