@@ -61,6 +61,7 @@ def main() -> None:
     draft = objective.draft
     model = distribute(objective, world, sharding)
     optimizer = make_optimizer(draft, train)
+    world.open_writer_wait(checkpoint_bytes(draft, optimizer))
     checkpoint = latest_checkpoint(out)
     start = load_checkpoint(checkpoint, draft, optimizer).step if checkpoint else 0
     losses = []
@@ -71,7 +72,7 @@ def main() -> None:
         losses.append(float((world.all_sum(result.sums.clone()) / result.counts).sum()))
         state = CheckpointState(step=step + 1, total_steps=steps, run_key="test", draft_config=draft.config)
         save_checkpoint(out, draft, optimizer, state, keep=steps, write=world.main)
-        world.wait_for_writer(checkpoint_bytes(draft, optimizer))
+        world.wait_for_writer()
     if world.main:
         rows = {
             name: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)

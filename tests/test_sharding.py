@@ -105,7 +105,9 @@ def test_the_mla_layer_trains_the_same_model_in_one_fsdp_process_and_two_and_res
 
 
 def _wait_while_rank_0_writes(rank: int, store: str, how: str, outcome: str) -> None:
-    """Two gloo processes whose collectives time out after 2 s; rank 0 "writes" for 5 s, then both meet `how`."""
+    """Two gloo processes whose collectives time out after 2 s; rank 0 "writes" for 5 s, then both meet `how`.
+    The wait's group is made at the start, as the train stage makes it: no group may be created while rank 0
+    writes (creating one is a collective of the training's group)."""
     import time
     from datetime import timedelta
 
@@ -119,11 +121,17 @@ def _wait_while_rank_0_writes(rank: int, store: str, how: str, outcome: str) -> 
         "gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=distributed.COLLECTIVE_TIMEOUT
     )
     world = distributed.Dist(rank, 2)
+    # 10 MB at the slowest rate: the wait may take 10 s on top of the collectives' 2.
+    world.open_writer_wait(10_000_000)
+
+    def no_group_now(*args, **kwargs):
+        raise RuntimeError("a process group created while rank 0 writes")
+
+    dist.new_group = no_group_now
     try:
         if rank == 0:
             time.sleep(5)
-        # 10 MB at the slowest rate: the wait may take 10 s on top of the collectives' 2.
-        world.wait_for_writer(10_000_000) if how == "writer" else world.barrier()
+        world.wait_for_writer() if how == "writer" else world.barrier()
         result = "met"
     except RuntimeError as exc:
         result = f"failed: {str(exc).splitlines()[0]}"

@@ -46,6 +46,8 @@ class CheckpointedOptimizer(Protocol):
 
     def state_fields(self, param: torch.Tensor) -> tuple[str, ...]: ...
 
+    def state_bytes(self, param: torch.Tensor) -> int: ...
+
 
 STATE = "state.json"
 MODEL = "model.safetensors"
@@ -100,9 +102,12 @@ def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 
 def checkpoint_bytes(draft: Eagle3Draft, optimizer: CheckpointedOptimizer) -> int:
-    """What save_checkpoint writes for them, the same on every process (a sharded tensor counts whole)."""
-    states = (v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
-    return sum(t.numel() * t.element_size() for t in (*draft.state_dict().values(), *states))
+    """The tensor bytes save_checkpoint writes for them once the optimizer has stepped: the draft's state_dict and
+    the state each trained parameter's optimizer keeps (its state fields). Taken from the fields, not from the
+    state itself, so it is the same before the first step as after, on every process (a sharded tensor counts
+    whole), and for a draft on the meta device (the plan's figure)."""
+    weights = sum(t.numel() * t.element_size() for t in draft.state_dict().values())
+    return weights + sum(optimizer.state_bytes(p) for group in optimizer.param_groups for p in group["params"])
 
 
 def save_checkpoint(

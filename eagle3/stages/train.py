@@ -206,6 +206,7 @@ def set_up(
     objective = make_objective(draft, verifier, vocab.d2t, vocab.t2d, config, precision).to(world.device)
     model = distribute(objective, world, config.sharding)
     optimizer = make_optimizer(draft, config)
+    world.open_writer_wait(checkpoint_bytes(draft, optimizer))
     if checkpoint is not None:
         plan.start = load_checkpoint(checkpoint, draft, optimizer).step
         if world.main:
@@ -276,7 +277,7 @@ def save(run: TrainingRun, done: int) -> None:
     saved = save_checkpoint(run.out, run.draft, run.optimizer, state, run.config.keep_checkpoints, write=run.world.main)
     if run.world.main:
         run.environment_log.made(saved.name)
-    run.world.wait_for_writer(checkpoint_bytes(run.draft, run.optimizer))
+    run.world.wait_for_writer()
 
 
 def check_batch_size(config: TrainParams, processes: int, sequences: int) -> None:

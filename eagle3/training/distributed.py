@@ -43,9 +43,8 @@ class Dist:
     device: torch.device = torch.device("cpu")
     # Processes on this machine (torchrun's LOCAL_WORLD_SIZE): they share its cores and GPUs.
     local_size: int = 1
-    # The group the processes wait in while rank 0 writes, and the bytes its timeout was sized for.
+    # The group the processes wait in while rank 0 writes (open_writer_wait).
     _writer_wait: Any = None
-    _writer_bytes: int = 0
 
     @property
     def main(self) -> bool:
@@ -55,16 +54,22 @@ class Dist:
         if self.size > 1:
             dist.barrier()
 
-    def wait_for_writer(self, nbytes: int) -> None:
-        """Every process calls it after rank 0 started writing `nbytes` (a checkpoint): they meet once it is done.
-        Not in a collective of the training's group, whose timeout (and NCCL's watchdog) would abort a run on slow
-        storage, but in a CPU group whose timeout is sized for the write."""
+    def open_writer_wait(self, nbytes: int) -> None:
+        """Every process calls it once at the start, before any checkpoint, with the bytes of the largest write
+        (a whole checkpoint's): the CPU group wait_for_writer meets in, its timeout sized for that write. Creating
+        a group is a collective of the training's group, so it happens here, while every process is at the same
+        point, never while rank 0 is writing."""
+        if self.size > 1:
+            self._writer_wait = dist.new_group(backend="gloo", timeout=write_timeout(nbytes))
+
+    def wait_for_writer(self) -> None:
+        """Every process calls it after rank 0 started writing a checkpoint: they meet once it is done. Not in a
+        collective of the training's group, whose timeout (and NCCL's watchdog) would abort a run on slow storage,
+        but in the group open_writer_wait made."""
         if self.size == 1:
             return
-        if nbytes > self._writer_bytes:
-            # A collective itself: every process asks with the same bytes (the whole checkpoint's), so all create it.
-            self._writer_wait = dist.new_group(backend="gloo", timeout=write_timeout(nbytes))
-            self._writer_bytes = nbytes
+        if self._writer_wait is None:
+            raise RuntimeError("wait_for_writer before open_writer_wait")
         dist.barrier(group=self._writer_wait)
 
     def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:

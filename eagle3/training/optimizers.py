@@ -21,8 +21,10 @@ from torch import nn
 from eagle3.params.train import TrainParams
 
 # Per-parameter state each optimizer keeps, by the name a checkpoint stores it under (eagle3/formats/checkpoints.py):
-# AdamW's step count (a float32 scalar) and two moments; Muon's momentum.
+# AdamW's step count (a float32 scalar) and two moments; Muon's momentum. Every field but the step count is a tensor
+# shaped and typed as its parameter.
 STATE_FIELDS = {"adamw": ("step", "exp_avg", "exp_avg_sq"), "muon": ("momentum_buffer",)}
+SCALAR_FIELDS = {"step": 4}
 # Newton-Schulz iterations per Muon update: torch.optim.Muon's default, passed explicitly because the plan prices
 # them (newton_schulz_flops).
 NEWTON_SCHULZ_STEPS = 5
@@ -111,6 +113,11 @@ class DraftOptimizer:
     def state_fields(self, param: torch.Tensor) -> tuple[str, ...]:
         """The state the owner of `param` keeps for it."""
         return STATE_FIELDS["muon" if isinstance(self.owner(param), torch.optim.Muon) else "adamw"]
+
+    def state_bytes(self, param: torch.Tensor) -> int:
+        """What the owner's state for `param` holds once it has stepped (a sharded parameter counts whole)."""
+        size = param.numel() * param.element_size()
+        return sum(SCALAR_FIELDS.get(field, size) for field in self.state_fields(param))
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
