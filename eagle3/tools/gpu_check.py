@@ -1,12 +1,15 @@
-"""`make gpu-check`: what only a GPU can show, in one offline command of at most 9 minutes (the steps' limits add
-up to that), before anything costly runs on a rented machine (docs/hero-run.md runs it there).
+"""`make gpu-check`: what only a GPU can show, in one offline command, before anything costly runs on a rented
+machine (docs/hero-run.md runs it there). Its steps' time boxes add up to its longest run (`total_limit_s`);
+each box is the step's work timed on a CPU where a CPU can do it, plus a stated allowance for what only the GPU
+does, and benchmarks/README.md ("gpu-check time boxes") has the figures behind each.
 
-Each step runs in its own process under its own time limit, the next one starts whatever the last one did, and
-each ends in one summary line; the log of each is in .eagle3/gpu-check/<step>.log and the summary in
-.eagle3/gpu-check/summary.json. Nothing is downloaded: the verifiers are built locally from configs (a small
-Llama, the Kimi-shaped MLA + MoE miniature of tests/kimi_miniature.py) or converted from the PyPI wheel the
-project embeds. Without CUDA the GPU steps report that they need it and the others run, which is how CI runs
-this command.
+Each step runs in its own process group under its own box, the next one starts whatever the last one did, and
+each ends in one summary line saying what it proves; the log of each is in .eagle3/gpu-check/<step>.log and the
+summary in .eagle3/gpu-check/summary.json. A step over its box has every Python process it started print its
+threads' stacks (faulthandler, on SIGABRT) into its log; the summary shows where the step's own process was. Nothing
+is downloaded: the verifiers are built locally from configs (a small Llama, the Kimi-shaped MLA + MoE miniature of
+tests/kimi_miniature.py) or converted from the PyPI wheel the project embeds. Without CUDA the GPU steps report
+that they need it and the others run, which is how CI runs this command.
 
     python -m eagle3.tools.gpu_check              # every step
     python -m eagle3.tools.gpu_check --only preflight
@@ -48,41 +51,43 @@ def steps(out: Path = OUT) -> list[Step]:
     return [
         Step(
             "kernels",
-            "the attention kernels against fp64, a training step with each recompute, bit-identical resume, the hf "
-            "capture on the GPU against the CPU, NCCL + FSDP2 + a checkpoint round trip on one rank",
+            "the attention kernels against fp64; a training step with each recompute, with AdamW and with Muon (both "
+            "shipped configurations train with Muon); resume continuing as the uninterrupted run (bit for bit under "
+            "deterministic algorithms); the MLA draft layer's step against the CPU's; the hf capture on the GPU "
+            "against the CPU; NCCL + FSDP2 + a checkpoint round trip on one rank",
             [_pytest("tests/test_gpu.py")],
-            60,
+            120,
+        ),
+        Step(
+            "training at scale",
+            "a training step at Kimi-K2.5's draft shape with the shipped configuration's settings (Muon, TTT 7, draft "
+            "vocabulary 32,000) at 2K, 8K and 16K tokens: the real peak within the fake-tensor estimate the plan and "
+            "`eagle3 check` use, and tokens/s",
+            [_pytest("tests/test_gpu_training_scale.py")],
+            90,
         ),
         Step(
             "extraction",
-            "the project's vLLM capture on the Kimi-shaped MLA + MoE miniature at 17, 3,000 and 20,000 tokens "
-            "against HF in float32, every position, with the stage's own engine settings",
+            "the project's vLLM capture, its engine compiled with CUDA graphs as the stages start it, on the "
+            "Kimi-shaped MLA + MoE miniature at 17, 3,000 and 20,000 tokens against HF in float32, every position, "
+            "through vLLM's connector on its CUDA path (locks and writer threads)",
             [_pytest("tests/test_extract_chunked.py")],
-            120,
+            180,
         ),
         Step(
             "proposals",
             "vLLM's Model Runner V2 (what `vllm serve` runs on CUDA) proposes, from a real verifier's captured "
             "states, the tokens the project's own draft forward proposes",
             [_pytest("tests/test_draft_in_vllm.py")],
-            60,
-        ),
-        Step(
-            "training memory",
-            "a training step at Kimi-K2.5's draft shape (hidden 7,168, draft vocabulary 32,000, TTT 7) at 2K, 8K "
-            "and 16K tokens: the real peak beside the fake-tensor estimate the plan uses, and tokens/s",
-            [
-                [sys.executable, "benchmarks/train_memory.py", "--rows", "2048x7", "8192x7", "16384x7"],
-                [sys.executable, "benchmarks/train_gpu.py", "--tokens", "2048", "8192", "16384", "--arms", "mlp"],
-            ],
-            60,
+            75,
         ),
         Step(
             "evaluate engine",
-            "the evaluate stage's vLLM engine with an exported draft at k=3 behind the Kimi-shaped miniature, MLA on "
-            "(bf16, Model Runner V2): it drafts three tokens per step and answers as the verifier alone does",
+            "the evaluate stage's vLLM engine, compiled with CUDA graphs, with an exported draft at k=3 behind the "
+            "Kimi-shaped miniature, MLA on (bf16, Model Runner V2), for the Llama-style and the MLA draft layer: each "
+            "drafts three tokens per step and answers as the verifier alone does",
             [_pytest("tests/test_evaluate_child.py")],
-            90,
+            240,
         ),
         Step(
             "preflight",
@@ -96,6 +101,11 @@ def steps(out: Path = OUT) -> list[Step]:
     ]
 
 
+def total_limit_s() -> int:
+    """The longest the whole command takes: every box spent."""
+    return sum(step.limit_s for step in steps())
+
+
 def prepare_project(out: Path) -> None:
     """The smoke params in their own directory: the verifier stage converts the embedded verifier there."""
     project = out / "project"
@@ -103,12 +113,17 @@ def prepare_project(out: Path) -> None:
     shutil.copyfile(REPO / "tests" / "smoke" / "params.yaml", project / "params.yaml")
 
 
+# How long the processes of a step over its box get to print their stacks before they are killed.
+STACK_GRACE_S = 10
+
+
 def run_step(step: Step, cuda: bool, out: Path) -> dict:
     if step.needs_cuda and not cuda:
         return {"step": step.name, "result": "needs CUDA", "seconds": 0.0, "proves": step.proves}
     log = out / f"{step.name.replace(' ', '-')}.log"
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    started, result = time.monotonic(), "passed"
+    # Every Python process of the step prints its threads' stacks when aborted (a hang's only trace).
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONFAULTHANDLER": "1"}
+    started, result, stack = time.monotonic(), "passed", None
     with log.open("w") as output:
         for command in step.commands:
             left = step.limit_s - (time.monotonic() - started)
@@ -119,15 +134,47 @@ def run_step(step: Step, cuda: bool, out: Path) -> dict:
             try:
                 code = process.wait(timeout=max(left, 1))
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                _stop_with_stacks(process)
                 result = f"failed (over its {step.limit_s} s)"
+                stack = stack_of_hang(log)
                 break
             if code != 0:
                 result = f"failed (exit {code}: {' '.join(command[1:3])})"
                 break
     seconds = round(time.monotonic() - started, 1)
-    return {"step": step.name, "result": result, "seconds": seconds, "proves": step.proves, "log": str(log)}
+    outcome = {"step": step.name, "result": result, "seconds": seconds, "proves": step.proves, "log": str(log)}
+    return {**outcome, "stack": stack} if stack else outcome
+
+
+def _stop_with_stacks(process: subprocess.Popen) -> None:
+    """SIGABRT to the step's process group (faulthandler prints each process's stacks), then SIGKILL to what is
+    left after the grace period."""
+    try:
+        os.killpg(process.pid, signal.SIGABRT)
+        process.wait(timeout=STACK_GRACE_S)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def stack_of_hang(log: Path, frames: int = 12) -> list[str]:
+    """The innermost frames of the thread that was running when the step's first process was aborted, as
+    faulthandler printed them into the log (most recent call first); [] if it printed none."""
+    lines = log.read_text(errors="replace").splitlines()
+    aborted = [n for n, line in enumerate(lines) if line.startswith("Fatal Python error: Aborted")]
+    if not aborted:
+        return []
+    stack = []
+    for line in lines[aborted[0] + 1 :]:
+        if line.startswith("  File "):
+            stack.append(line.strip())
+        elif stack and not line.strip():
+            break
+    return stack[:frames]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run_step(step, cuda, out)
         results.append(outcome)
         print(f"gpu-check: {step.name}: {outcome['result']} ({outcome['seconds']:g} s): {step.proves}", flush=True)
+        for frame in outcome.get("stack", []):
+            print(f"    {frame}", flush=True)
     failed = [r["step"] for r in results if r["result"].startswith("failed")]
     write_json(out / "summary.json", {"device": device, "steps": results, "failed": failed})
     print(

@@ -116,20 +116,26 @@ def counted_positions(tokens: int, ttt_steps: int) -> int:
     return max(0, tokens - ttt_steps - 1)
 
 
-def make_objective_for(config: DraftConfig, ttt_steps: int, recompute: str, precision: str) -> Objective:
+def make_objective_for(
+    config: DraftConfig, ttt_steps: int, recompute: str, precision: str, device: str | torch.device = "cpu"
+) -> Objective:
     """The objective as make_objective builds it, from random weights: every token in the draft vocab (every
-    position counts, the costliest case), the head in the training precision."""
-    generator = torch.Generator().manual_seed(1)
+    position counts, the costliest case), the head in the training precision. Built on `device` directly: at
+    Kimi-K2.5's shape the draft and the verifier's embedding are ~6 GB, too slow to make on a CPU and copy."""
+    generator = torch.Generator(device=device).manual_seed(1)
     hidden = config.hidden_size
-    return Objective(
-        Eagle3Draft(config),
-        embed=torch.randn(config.vocab_size, hidden, generator=generator).to(torch.bfloat16),
-        draft_lm_head=torch.randn(config.draft_vocab_size, hidden, generator=generator).to(getattr(torch, precision)),
-        t2d=torch.ones(config.vocab_size, dtype=torch.bool),
-        ttt_steps=ttt_steps,
-        step_weight=TrainParams().step_weight,
-        recompute=recompute,
-    )
+    with torch.device(device):
+        return Objective(
+            Eagle3Draft(config),
+            embed=torch.randn(config.vocab_size, hidden, generator=generator).to(torch.bfloat16),
+            draft_lm_head=torch.randn(config.draft_vocab_size, hidden, generator=generator).to(
+                getattr(torch, precision)
+            ),
+            t2d=torch.ones(config.vocab_size, dtype=torch.bool),
+            ttt_steps=ttt_steps,
+            step_weight=TrainParams().step_weight,
+            recompute=recompute,
+        )
 
 
 def _bytes(tensors: Iterable[torch.Tensor]) -> int:
