@@ -150,12 +150,14 @@ def test_init_never_overwrites_what_git_does_not_have(tmp_path):
             "eagle3 init: error: --layout C: give --gpu (one of b300, b200, h200, h100, h200-nvl, h100-pcie): the "
             "verifier's share of each GPU beside the trainers depends on it",
         ),
-        (
-            ["kimi-k2.5", "--layout", "C", "--gpu", "h100"],
-            "eagle3 init: error: --layout C --gpu h100: moonshotai/Kimi-K2.5 and the trainer do not fit one NVIDIA "
-            "H100 SXM even in phases (in phases, the verifier's 1.13 of a NVIDIA H100 SXM (90 GB) awake beside the "
-            "trainer at rest (27 GB), then the trainer's 85 GB peak (estimated) beside it asleep: at most 117 GB of "
-            "80 (usable: 90%)); use layout B, or a GPU with more memory",
+        *(
+            (
+                ["kimi-k2.5", "--layout", layout, "--gpu", "h100"],
+                "eagle3 init: error: --gpu h100: moonshotai/Kimi-K2.5's 600 GB of weights do not fit 8 x NVIDIA H100 "
+                "SXM (8 x 80 GB x 0.9 = 576 GB), and every layout serves it there to evaluate; rent b300, b200, h200, "
+                "h200-nvl (--gpu KIND)",
+            )
+            for layout in "ABC"
         ),
     ],
 )
@@ -192,3 +194,18 @@ def test_evaluate_engines_on_a_gpu_hold_the_verifier_in_the_dtype_they_compute_i
     path.write_text(yaml.safe_dump(params))
     (note,) = check_evaluate_memory(load_params(path), path)
     assert note.startswith("evaluate's engines: the verifier's 16.0 GB per GPU within 24 GB")
+
+
+def test_check_refuses_a_gpu_kind_that_cannot_load_the_verifier(tmp_path):
+    """A params file set to 8 x H100 (edited by hand or for another verifier): the 600 GB verifier cannot load there
+    in any layout, which check says before it sizes training memory on that GPU."""
+    assert _init(tmp_path, "kimi-k2.5", "--layout", "B", "--gpu", "h200").returncode == 0
+    path = tmp_path / "params.yaml"
+    path.write_text(path.read_text().replace("gpu: h200 ", "gpu: h100 "))
+    refused = _check(tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "eagle3 check: error: params.yaml: train.launch.gpu: h100: moonshotai/Kimi-K2.5's 600 GB of weights do not "
+        "fit 8 x NVIDIA H100 SXM (8 x 80 GB x 0.9 = 576 GB), and every layout serves it there to evaluate; rent "
+        "b300, b200, h200, h200-nvl (`eagle3 init NAME --gpu KIND`)"
+    )

@@ -49,6 +49,7 @@ def render(name: str, layout: str, gpu: str | None = None, draft_repo: str | Non
         else:
             document[section][key] = value
     if gpu is not None:
+        _refuse_unloadable(document, gpu)
         _set(document["train"]["launch"], "gpu", gpu, f"eagle3 init --gpu: the rented machine's {GPUS[gpu].name}s")
         if layout == "C":
             _size_streaming(document, gpu)
@@ -73,15 +74,35 @@ def _set(mapping, key: str, value: Any, reason: str, after: str | None = None) -
     mapping.yaml_add_eol_comment(reason, key)
 
 
+def _refuse_unloadable(document, gpu: str) -> None:
+    """Every layout serves the verifier on the rented machine: refuse a GPU kind whose machine cannot load it."""
+    from eagle3.tools.plan_memory import verifier_fit_problem
+
+    name = document["verifier"]["source"]["name"]
+    preset = _preset(name)
+    if preset is None or preset.weights_bytes is None:
+        return
+    gpus = document["extract"]["vllm"]["tensor_parallel_size"]
+    problem = verifier_fit_problem(name, preset.weights_bytes, gpus, gpu)
+    if problem is not None:
+        raise Eagle3Error(f"--gpu {gpu}: {problem} (--gpu KIND)")
+
+
+def _preset(name: str):
+    from eagle3.tools.plan_types import PRESETS
+
+    return next((shape for shape in PRESETS.values() if shape.name == name), None)
+
+
 def _size_streaming(document, gpu: str) -> None:
     """Layout C on `gpu`: the verifier's share of each GPU, and phases where it and the trainer do not fit at once."""
     from eagle3.params.train import TrainParams, draft_shape_settings
     from eagle3.tools.plan_memory import compute_train_memory, estimate, streamed_fit, verifier_share
-    from eagle3.tools.plan_types import PRESETS, Machine
+    from eagle3.tools.plan_types import Machine
     from eagle3.training.data import tokens_per_process
 
     name = document["verifier"]["source"]["name"]
-    preset = next((shape for shape in PRESETS.values() if shape.name == name), None)
+    preset = _preset(name)
     if preset is None or preset.weights_bytes is None:
         raise Eagle3Error(
             f"--layout C: the size of {name} is not known here; set extract.vllm.gpu_memory_utilization and "
@@ -94,7 +115,8 @@ def _size_streaming(document, gpu: str) -> None:
     lines = estimate(preset.config, vocab, train.ttt_steps, processes, train.sharding, draft_shape_settings(train))
     tokens = tokens_per_process(train.max_tokens_per_batch, train.batch_size, processes, extract["max_seq_len"])
     memory = compute_train_memory(lines, tokens, Machine(gpu, processes, 0.0, 0.0, None))
-    share = verifier_share(preset.weights_bytes, processes, gpu)
+    captured = len(extract["aux_layer_ids"] or [None] * 3) + 1
+    share = verifier_share(preset.weights_bytes, processes, gpu, preset.config, captured, extract["max_seq_len"] + 1)
     fit = streamed_fit(memory, train.activation_checkpointing, share, phases=False)
     if fit is not None and not fit.fits:
         fit = streamed_fit(memory, train.activation_checkpointing, share, phases=True)
@@ -105,7 +127,6 @@ def _size_streaming(document, gpu: str) -> None:
         )
     _set(extract["vllm"], "gpu_memory_utilization", share, f"layout C on {gpu}, {fit.summary()}")
     if fit.phases:
-        captured = len(extract["aux_layer_ids"] or [None] * 3) + 1
         step_bytes = (
             (train.max_tokens_per_batch or train.batch_size * extract["max_seq_len"])
             * captured

@@ -346,7 +346,14 @@ def streamed_memory(inputs: Inputs) -> StreamedFit | None:
     memory = compute_train_memory(inputs.train_memory, inputs.process_tokens, inputs.there)
     if inputs.streamed_share is not None:
         return streamed_fit(memory, inputs.recompute, inputs.streamed_share, bool(inputs.streamed_phases))
-    share = verifier_share(inputs.verifier.weights_bytes, inputs.there.gpus, inputs.there.gpu)
+    share = verifier_share(
+        inputs.verifier.weights_bytes,
+        inputs.there.gpus,
+        inputs.there.gpu,
+        inputs.verifier.config,
+        inputs.captured_layers,
+        inputs.max_tokens + 1,
+    )
     fit = streamed_fit(memory, inputs.recompute, share, phases=False)
     return fit if fit is None or fit.fits else streamed_fit(memory, inputs.recompute, share, phases=True)
 

@@ -28,9 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
+from eagle3.formats.hf_config import uses_mla
 from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import RECOMPUTE, draft_shape_settings
-from eagle3.tools.plan_types import GB, Machine, MemoryEstimate, MemoryLine, to_json
+from eagle3.tools.plan_types import (
+    GB,
+    GPU_MEMORY_UTILIZATION,
+    Machine,
+    MemoryEstimate,
+    MemoryLine,
+    to_json,
+    weights_fit,
+)
 from eagle3.training.data import tokens_per_process
 
 if TYPE_CHECKING:
@@ -205,9 +214,19 @@ def memory_warning(train: TrainMemory, max_tokens: int, recompute: str) -> str |
     )
 
 
-# Beside its weights, the verifier's vLLM needs KV cache and hidden-state slots for the samples it computes at once:
-# at Kimi-K2.5's shape 15 GB per GPU holds ~7 samples of 16K tokens (docs/pipeline.md, streamed hidden states).
-VERIFIER_WORKSPACE_BYTES = 15 * GB
+# Beside its weights, the streamed verifier's vLLM holds, per GPU, for its step of at most one sequence (the capture
+# caps it at extract.max_seq_len + 1 tokens: eagle3/training/streamed.py): vLLM's captured states three times (its
+# persistent buffer, the model's list of aux states and the stack handed to the connector:
+# v1/worker/gpu/spec_decode/extract_hidden_states.py), the KV cache of KV_SEQUENCES such sequences, captured layers
+# included (the connector copies them out of it), the step's other activations and a fixed part.
+CAPTURE_COPIES = 3
+# The sequence being computed and one whose blocks wait for the connector's save.
+KV_SEQUENCES = 2
+# Assumed until a GPU run measures them (vLLM's own profile run logs both): the step's other activations per token
+# (a MoE verifier's expert outputs dominate: Kimi-K2.5's 8 experts x 7,168 x bf16 ~ 115 KB) and the CUDA graphs,
+# NCCL and cuBLAS workspaces of one GPU.
+ACTIVATION_BYTES_PER_TOKEN = 120_000
+ENGINE_FIXED_BYTES = 3 * GB
 # What a sleeping vLLM keeps on each GPU (sleep level 1: weights on the host, KV cache freed).
 ASLEEP_BYTES = 1 * GB
 # Two processes' memory pools on one GPU (vLLM's and the trainer's), each with its CUDA context, allocator slack
@@ -270,10 +289,38 @@ class StreamedFit:
         )
 
 
-def verifier_share(weights_bytes: float, tensor_parallel_size: int, gpu: str) -> float:
+def kv_bytes_per_token(text: dict[str, Any], captured_layers: int, tensor_parallel_size: int) -> int:
+    """KV cache bytes per token on one GPU of a capture engine (bf16): MLA's latent per layer (every GPU holds it
+    whole), or keys and values of the GPU's share of the KV heads; and the captured layers' states, which the capture
+    keeps in the KV cache (whole on every GPU)."""
+    layers, hidden = text["num_hidden_layers"], text["hidden_size"]
+    if uses_mla(text):
+        attention = layers * (text["kv_lora_rank"] + text["qk_rope_head_dim"])
+    elif text.get("num_attention_heads"):
+        heads = text.get("num_key_value_heads") or text["num_attention_heads"]
+        head_dim = text.get("head_dim") or hidden // text["num_attention_heads"]
+        attention = layers * 2 * math.ceil(heads / tensor_parallel_size) * head_dim
+    else:  # a config without its heads (a shape given by hand): keys and values of the whole width, split evenly
+        attention = layers * 2 * math.ceil(hidden / tensor_parallel_size)
+    return 2 * (attention + captured_layers * hidden)
+
+
+def verifier_workspace_bytes(text: dict[str, Any], captured_layers: int, tensor_parallel_size: int, step: int) -> float:
+    """What the streamed verifier's engine needs per GPU beside its weights, at a step of `step` tokens (the
+    constants above say what each part is)."""
+    states = CAPTURE_COPIES * step * captured_layers * text["hidden_size"] * 2
+    kv = KV_SEQUENCES * step * kv_bytes_per_token(text, captured_layers, tensor_parallel_size)
+    return states + kv + ACTIVATION_BYTES_PER_TOKEN * step + ENGINE_FIXED_BYTES
+
+
+def verifier_share(
+    weights_bytes: float, tensor_parallel_size: int, gpu: str, text: dict[str, Any], captured_layers: int, step: int
+) -> float:
     """The smallest gpu_memory_utilization (to the percent above) that holds the verifier's weights split over
-    `tensor_parallel_size` GPUs and its workspace."""
-    need = weights_bytes / tensor_parallel_size + VERIFIER_WORKSPACE_BYTES
+    `tensor_parallel_size` GPUs and its workspace at a step of `step` tokens."""
+    need = weights_bytes / tensor_parallel_size + verifier_workspace_bytes(
+        text, captured_layers, tensor_parallel_size, step
+    )
     return math.ceil(need / (GPUS[gpu].memory_gb * GB) * 100) / 100
 
 
@@ -336,6 +383,22 @@ def _verifier_config(params: "Params", root: Path) -> KnownVerifier:
     return KnownVerifier(None, None, None, f"{name}'s shape is not known until `dvc repro verifier` records it")
 
 
+def verifier_fit_problem(name: str, weights: float, gpus: int, gpu: str) -> str | None:
+    """Why `gpus` GPUs of kind `gpu` cannot load the verifier's weights (`eagle3 plan`'s rule, weights_fit), with
+    the kinds that can; None where they can. Every layout serves the verifier on the rented machine (evaluate), so
+    no layout works there without it."""
+    if weights_fit(weights, Machine(gpu, gpus, 0.0, 0.0, None)):
+        return None
+    held = gpus * GPUS[gpu].memory_gb * GPU_MEMORY_UTILIZATION
+    kinds = [kind for kind in GPUS if weights_fit(weights, Machine(kind, gpus, 0.0, 0.0, None))]
+    way_out = f"rent {', '.join(kinds)}" if kinds else f"no GPU kind known here holds it on {gpus}"
+    return (
+        f"{name}'s {weights / GB:,.0f} GB of weights do not fit {gpus} x {GPUS[gpu].name} ({gpus} x "
+        f"{GPUS[gpu].memory_gb:g} GB x {GPU_MEMORY_UTILIZATION} = {held:,.0f} GB), and every layout serves it there "
+        f"to evaluate; {way_out}"
+    )
+
+
 def check_gpu_memory(params: "Params", path: Path) -> list[str]:
     """`eagle3 check`: the training memory per GPU of train.launch.gpu at extract.max_seq_len, and with streamed
     states the verifier beside it; Eagle3Error naming the key to change where it does not fit. Returns what was
@@ -350,6 +413,12 @@ def check_gpu_memory(params: "Params", path: Path) -> list[str]:
         return [f"GPU memory not checked: {source}"]
     per_node = train.launch.processes_per_node
     processes = per_node * train.launch.nodes if isinstance(per_node, int) else 8
+    if weights is not None:
+        problem = verifier_fit_problem(
+            params.verifier.source.name, weights, per_node if isinstance(per_node, int) else 8, gpu
+        )
+        if problem is not None:
+            raise Eagle3Error(f"{path}: train.launch.gpu: {gpu}: {problem} (`eagle3 init NAME --gpu KIND`)")
     shape = draft_shape_settings(train)
     lines = estimate(config, params.vocab.draft_vocab_size, train.ttt_steps, processes, train.sharding, shape)
     tokens = tokens_per_process(train.max_tokens_per_batch, train.batch_size, processes, extract.max_seq_len)
@@ -367,12 +436,18 @@ def check_gpu_memory(params: "Params", path: Path) -> list[str]:
         ]
     share = extract.vllm.gpu_memory_utilization
     tensor_parallel = extract.vllm.tensor_parallel_size
-    if weights is not None and share * GPUS[gpu].memory_gb * GB < weights / tensor_parallel:
-        raise Eagle3Error(
-            f"{path}: extract.vllm.gpu_memory_utilization: {share:g} of a {GPUS[gpu].name} cannot hold the "
-            f"verifier's {weights / tensor_parallel / GB:,.0f} GB of weights per GPU; `eagle3 init NAME --layout C "
-            f"--gpu {gpu}` sizes it"
-        )
+    if weights is not None:
+        captured = len(extract.aux_layer_ids or (None,) * 3) + 1
+        step = extract.max_seq_len + 1
+        workspace = verifier_workspace_bytes(config, captured, tensor_parallel, step)
+        needed = weights / tensor_parallel + workspace
+        if share * GPUS[gpu].memory_gb * GB < needed:
+            raise Eagle3Error(
+                f"{path}: extract.vllm.gpu_memory_utilization: {share:g} of a {GPUS[gpu].name} cannot hold the "
+                f"verifier's {weights / tensor_parallel / GB:,.0f} GB of weights per GPU and its "
+                f"{workspace / GB:,.1f} GB of workspace for a {step:,}-token step (captured states, KV for "
+                f"{KV_SEQUENCES} sequences, activations); `eagle3 init NAME --layout C --gpu {gpu}` sizes it"
+            )
     fit = streamed_fit(memory, recompute, share, phases=train.stream_phase_steps is not None)
     assert fit is not None
     if not fit.fits:

@@ -203,6 +203,7 @@ class StreamedData:
             spool / ENGINE_SCRATCH,
             dtype,
             sleep_mode=config.stream_phase_steps is not None,
+            step_tokens=extract.max_seq_len + 1,
         )
         return cls(root, store, request, settings, world)
 

