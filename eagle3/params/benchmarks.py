@@ -54,6 +54,11 @@ class BenchmarkSet(Section):
     # Records used at most, after contaminated ones are dropped; taken round-robin over categories in file order,
     # so a small cap still covers every category. null: all.
     max_prompts: PositiveInt | None = None
+    # What the pinned file holds: its records and the user turns of each (MT-bench: 80 of 2). The benchmarks stage
+    # refuses a file that holds other counts; `eagle3 plan` counts evaluate's turns from them before it runs.
+    # null: not declared (the plan counts the set once the stage has run).
+    records: PositiveInt | None = None
+    turns_per_record: PositiveInt = 1
 
     @model_validator(mode="after")
     def _known_format(self) -> "BenchmarkSet":

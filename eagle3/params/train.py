@@ -218,11 +218,12 @@ class TrainParams(Section):
         return self
 
 
-# The train settings that shape the draft (eagle3/modeling/draft.py DraftConfig.for_training): what the train stage,
-# preflight and the plan's memory estimate all build it from.
-DRAFT_SHAPE_KEYS = ("intermediate_size", "draft_layer", "attention", "mla", "draft_layout")
+# The train settings that decide the draft and what training keeps of it: its shape (eagle3/modeling/draft.py
+# DraftConfig.for_training), the optimizer's state and whether the head trains. What the train stage, preflight and
+# the plan's figures (memory, checkpoints, the optimizer's step) all build it from.
+DRAFT_KEYS = ("intermediate_size", "draft_layer", "attention", "mla", "draft_layout", "optimizer", "freeze_lm_head")
 
 
-def draft_shape_settings(train: TrainParams) -> dict:
+def draft_settings(train: TrainParams) -> dict:
     """Those settings as JSON (the plan's memory cache is keyed by them); TrainParams.model_validate reads them back."""
-    return train.model_dump(mode="json", include=set(DRAFT_SHAPE_KEYS))
+    return train.model_dump(mode="json", include=set(DRAFT_KEYS))

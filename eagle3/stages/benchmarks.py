@@ -86,6 +86,7 @@ def build_set(benchmark: BenchmarkSet, root: Path, training: set[str]) -> dict[s
             contaminated.append(prompt["id"])
         else:
             prompts.append(prompt)
+    _check_declared(benchmark, field, len(records), [len(p["turns"]) for p in prompts])
     if not prompts:
         raise Eagle3Error(f"{field}: no prompts left ({len(contaminated)} of them are training prompts)")
     used = _round_robin(prompts, benchmark.max_prompts)
@@ -100,6 +101,21 @@ def build_set(benchmark: BenchmarkSet, root: Path, training: set[str]) -> dict[s
         "categories": dict(Counter(p["category"] for p in used if p["category"] is not None)),
         "prompts": used,
     }
+
+
+def _check_declared(benchmark: BenchmarkSet, field: str, records: int, turns: list[int]) -> None:
+    """The pinned file holds what the params declare of it (the plan counts on it): its records, and the user turns
+    of each (of the records kept: contaminated ones are not asked)."""
+    if benchmark.records is not None and records != benchmark.records:
+        raise Eagle3Error(
+            f"{field}.records: {benchmark.records} declared, the pinned file holds {records}; set it to {records}"
+        )
+    other = sorted({count for count in turns if count != benchmark.turns_per_record})
+    if other:
+        raise Eagle3Error(
+            f"{field}.turns_per_record: {benchmark.turns_per_record} declared, records of {other} user turns are in "
+            "the pinned file; set it to their number"
+        )
 
 
 def _round_robin(prompts: list[dict[str, Any]], cap: int | None) -> list[dict[str, Any]]:

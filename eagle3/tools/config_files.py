@@ -25,6 +25,15 @@ def shipped() -> list[str]:
     return sorted(path.stem for path in CONFIGS_DIR.glob("*.yaml") if path.stem not in recipes())
 
 
+def shipped_for(verifier_name: str) -> str | None:
+    """The shipped hero-run configuration whose verifier is `verifier_name`, if any."""
+    for name in shipped():
+        text = (CONFIGS_DIR / f"{name}.yaml").read_text(encoding="utf-8")
+        if f"name: {verifier_name}" in text:
+            return name
+    return None
+
+
 def shipped_names() -> str:
     """Every name `eagle3 init NAME` takes, with its layouts, for messages."""
     return ", ".join(

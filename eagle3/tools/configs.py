@@ -96,7 +96,7 @@ def _preset(name: str):
 
 def _size_streaming(document, gpu: str) -> None:
     """Layout C on `gpu`: the verifier's share of each GPU, and phases where it and the trainer do not fit at once."""
-    from eagle3.params.train import TrainParams, draft_shape_settings
+    from eagle3.params.train import TrainParams, draft_settings
     from eagle3.tools.plan_memory import compute_train_memory, estimate, streamed_fit, verifier_share
     from eagle3.tools.plan_types import Machine
     from eagle3.training.data import tokens_per_process
@@ -112,7 +112,7 @@ def _size_streaming(document, gpu: str) -> None:
     extract = document["extract"]
     processes = extract["vllm"]["tensor_parallel_size"]
     vocab = document["vocab"]["draft_vocab_size"]
-    lines = estimate(preset.config, vocab, train.ttt_steps, processes, train.sharding, draft_shape_settings(train))
+    lines = estimate(preset.config, vocab, train.ttt_steps, processes, train.sharding, draft_settings(train))
     tokens = tokens_per_process(train.max_tokens_per_batch, train.batch_size, processes, extract["max_seq_len"])
     memory = compute_train_memory(lines, tokens, Machine(gpu, processes, 0.0, 0.0, None))
     captured = len(extract["aux_layer_ids"] or [None] * 3) + 1

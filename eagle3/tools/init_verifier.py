@@ -192,12 +192,12 @@ def answer_tokens(verifier: Verifier, thinking: bool) -> int:
 
 def recompute_that_fits(verifier: Verifier, gpu: str, gpus: int, tokens: int, ttt_steps: int) -> tuple[str, str]:
     """The least recompute (train.activation_checkpointing) at which `tokens` per GPU train, and the figure why."""
-    from eagle3.params.train import EAGLE_3_1, RECOMPUTE, TrainParams, draft_shape_settings
+    from eagle3.params.train import EAGLE_3_1, RECOMPUTE, TrainParams, draft_settings
     from eagle3.tools.plan_memory import compute_train_memory, estimate
     from eagle3.tools.plan_types import Machine
 
     train = TrainParams(draft_layout=EAGLE_3_1)
-    lines = estimate(verifier.text, DRAFT_VOCAB, ttt_steps, gpus, "ddp", draft_shape_settings(train))
+    lines = estimate(verifier.text, DRAFT_VOCAB, ttt_steps, gpus, "ddp", draft_settings(train))
     memory = compute_train_memory(lines, tokens, Machine(gpu, gpus, 0.0, 0.0, None))
     if memory.settings is None:
         raise Eagle3Error(f"--verifier: the draft's training memory cannot be estimated: {memory.source}")

@@ -25,10 +25,12 @@ Sizes
     stored              = raw / compression_ratio
     largest_sample      = max_tokens * bytes_per_token              (one record, held in memory while written)
     text                = tokens * TEXT_BYTES_PER_TOKEN             (prompts + synthetic answers, before zstd)
-    draft_params        = 10 * H^2 + 3 * H * intermediate + draft_vocab * H
-                          (fc 3H^2; q, k, v from 2H to H: 6H^2; o_proj H^2; gated MLP; draft lm_head;
-                           embeddings are the verifier's and are not stored)
-    checkpoints         = draft_params * CHECKPOINT_BYTES_PER_PARAM * keep_checkpoints
+    draft_params        = the parameters of the draft the train stage builds for these inputs (the verifier's
+                          config, the aux layers, the draft vocabulary and the train settings: plan_memory.py
+                          draft_figures, on the meta device; embeddings are the verifier's and are not stored)
+    checkpoint          = its weights in fp32 and train.optimizer's state (eagle3/formats/checkpoints.py
+                          checkpoint_bytes: AdamW's two moments, Muon's one per matrix)
+    checkpoints         = checkpoint * keep_checkpoints
 
 Disk (per machine and scenario; every pipeline output is DVC-tracked, the verifier's weights are not: the verifier
 stage records where a local model is without copying it)
@@ -43,6 +45,8 @@ stage records where a local model is without copying it)
 
 Rates
     link                = link_gbit * 1e9 * link_efficiency / 8                      (bytes/s; likewise weights_link)
+    remote_up           = remote_up_gbit * 1e9 / 8        (here -> the DVC remote; default: the link)
+    remote_down         = remote_down_gbit * 1e9 / 8      (the rented machine <-> the DVC remote; default: the link)
     flops_per_token     = 2 * active_params + 2 * num_layers * mean_tokens * hidden_size
                           (forward matmuls; causal attention averages mean_tokens / 2 keys per token, and
                            QK^T plus AV cost 2 * 2 * hidden FLOPs per key per layer)
@@ -65,11 +69,12 @@ counts; generation and, in A, extraction happen here before renting, extraction 
 owned machine). Each step's counted work (answers, turns, tokens, bytes, server starts) is in the plan beside it.
     here   generate             = answers * answer_tokens / serve_here + server_start
            extract_here (A)     = tokens / extract_here (+ server_start where extract.backend is vllm)
+           push_hidden_states (A) = stored / remote_up                (dvc push, before renting)
     there  setup                = SETUP_S (make setup: the CUDA lock's wheels)
            gpu_check            = the sum of make gpu-check's time boxes
            fetch_weights        = weights / weights_link             (every layout: evaluation serves it there)
-           ship_text            = text / link
-           ship_hidden_states   = stored / link                      (A)
+           ship_text            = text / remote_down                 (dvc pull)
+           ship_hidden_states   = stored / remote_down               (A: dvc pull)
            preflight            = sum(preflight budgets) + server_start * (1 + extraction on vllm)
            extract (B)          = tokens / extract_there (+ server_start on vllm)
            verifier_forward_all_epochs (C) = epochs * tokens / extract_there (+ server_start on vllm)
@@ -79,7 +84,7 @@ owned machine). Each step's counted work (answers, turns, tokens, bytes, server 
            offline_estimate     = held-out tokens read / train_tokens_per_s
            evaluate             = sum over configurations (each on its own server, one after the other):
                                   server_start + runs * turns * evaluate.max_tokens / serve_there
-           push_results         = checkpoints / link
+           push_results         = checkpoints / remote_down          (dvc push)
     rented = the sum of there's steps; cost = rented * machine_usd_per_h (+ for A: extract_here's time *
     here_usd_per_hour)
 
@@ -91,7 +96,7 @@ are f(N) = f(0) + N * (f(samples) - f(0)) / samples, f(0) its fixed part: the we
     samples             = the smallest of those given, bounded_by naming it; the disk each machine then needs
 
 Break-even between A and B (the steps both take cancel; only B starts an engine to extract on vLLM):
-    cost_A(N) = F_A + N * a,  F_A = 0,  a = stored_per_token / link * P + here_usd_tok
+    cost_A(N) = F_A + N * a,  F_A = 0,  a = stored_per_token / remote_down * P + here_usd_tok
     cost_B(N) = F_B + N * b,  F_B = (server_start if extract.backend is vllm) * P,  b = P / extract_there
     (P: the rented machine's $/s; here_usd_tok: here_usd_per_hour / 3600 / extract_here)
     N* = (F_B - F_A) / (a - b) when a > b and F_B > F_A: A is cheaper below N*, B above. Otherwise the one with the
@@ -124,8 +129,9 @@ from eagle3.tools.preflight_items import BUDGETS_S as PREFLIGHT_BUDGETS_S
 
 # Prompts and answers as UTF-8 text: ~4 characters per token, before zstd.
 TEXT_BYTES_PER_TOKEN = 4
-# fp32 weights + AdamW's two fp32 moments, the state a resumable checkpoint must hold.
-CHECKPOINT_BYTES_PER_PARAM = 12
+# The transfers docs/hero-run.md makes through the DVC remote from the rented machine: `dvc pull` of the text and
+# (A) the hidden states, `dvc push` of the checkpoints.
+REMOTE_DOWN = "the DVC remote <-> there"
 # Assumptions for steps nothing measures before the run; each is named as one in the plan's output.
 # make setup on the rented machine: uv installs locks/cuda.txt (~6 GB of wheels) and compiles its bytecode.
 SETUP_S = 15 * 60
@@ -162,7 +168,6 @@ def compute_sizes(inputs: Inputs, compression_ratio: float) -> Sizes:
     v = inputs.verifier
     tokens = inputs.samples * inputs.mean_tokens
     bytes_per_token = inputs.captured_layers * v.hidden_size * inputs.bytes_per_element
-    draft_params = 10 * v.hidden_size**2 + 3 * v.hidden_size * v.intermediate_size + inputs.draft_vocab * v.hidden_size
     raw = tokens * bytes_per_token
     return Sizes(
         tokens=tokens,
@@ -170,8 +175,8 @@ def compute_sizes(inputs: Inputs, compression_ratio: float) -> Sizes:
         hidden_states=HiddenStates(raw, raw / compression_ratio, inputs.max_tokens * bytes_per_token),
         text_bytes=tokens * TEXT_BYTES_PER_TOKEN,
         verifier_weights_bytes=v.weights_bytes,
-        draft_params=draft_params,
-        checkpoints_bytes=draft_params * CHECKPOINT_BYTES_PER_PARAM * inputs.keep_checkpoints,
+        draft_params=inputs.draft.parameters,
+        checkpoints_bytes=inputs.draft.checkpoint_bytes * inputs.keep_checkpoints,
         stored_bytes_per_token=bytes_per_token / compression_ratio,
     )
 
@@ -180,6 +185,8 @@ def compute_sizes(inputs: Inputs, compression_ratio: float) -> Sizes:
 class Rates:
     link_bytes_per_s: float
     weights_link_bytes_per_s: float
+    remote_up_bytes_per_s: float
+    remote_down_bytes_per_s: float
     flops_per_token: float
     extract_there_tokens_per_s: float
     extract_here_tokens_per_s: float
@@ -218,6 +225,8 @@ def compute_rates(inputs: Inputs) -> Rates:
     return Rates(
         link_bytes_per_s=inputs.link_gbit * 1e9 * inputs.link_efficiency / 8,
         weights_link_bytes_per_s=inputs.weights_link_gbit * 1e9 * inputs.link_efficiency / 8,
+        remote_up_bytes_per_s=inputs.remote_up_gbit * 1e9 / 8,
+        remote_down_bytes_per_s=inputs.remote_down_gbit * 1e9 / 8,
         flops_per_token=flops,
         extract_there_tokens_per_s=inputs.there_tokens_per_s or extraction_rate(there, mfu, 1.0, flops),
         extract_here_tokens_per_s=inputs.here_tokens_per_s or extraction_rate(here, mfu, inputs.here_share, flops),
@@ -421,7 +430,7 @@ def _measured(what: str, measured: float | None) -> str:
 def run_steps(inputs: Inputs, sizes: Sizes, rates: Rates, layout: str) -> list[Step]:
     """Every step of docs/hero-run.md for `layout`, in its order (formulas: the module docstring)."""
     work, sources = inputs.work, inputs.sources
-    link, weights_link = rates.link_bytes_per_s, rates.weights_link_bytes_per_s
+    weights_link = rates.weights_link_bytes_per_s
     on_vllm = 1 if work.extract_on_vllm else 0
     generated = work.answers * work.answer_tokens
     steps = [
@@ -435,10 +444,14 @@ def run_steps(inputs: Inputs, sizes: Sizes, rates: Rates, layout: str) -> list[S
             sources["serve"],
         )
     ]
+    up, down = rates.remote_up_bytes_per_s, rates.remote_down_bytes_per_s
     if layout == "A":
         words, counted, starts = _starting(f"{sizes.tokens:,.0f} tokens", {"tokens": sizes.tokens}, on_vllm, rates)
         seconds = sizes.tokens / rates.extract_here_tokens_per_s + starts
         steps.append(Step("here", "extract_here", seconds, words, counted, "extraction here"))
+        stored = work.states_bytes or sizes.hidden_states.stored_bytes
+        what = _measured("the hidden states", work.states_bytes)
+        steps.append(_transfer("here", "push_hidden_states", what, stored, up, "here -> the DVC remote"))
     weights_source = "the weights link" if inputs.weights_link_gbit != inputs.link_gbit else "the link"
     text = work.text_bytes or sizes.text_bytes
     steps += [
@@ -452,12 +465,10 @@ def run_steps(inputs: Inputs, sizes: Sizes, rates: Rates, layout: str) -> list[S
             weights_link,
             weights_source,
         ),
-        _transfer("there", "ship_text", _measured("prompts and answers", work.text_bytes), text, link, "the link"),
+        _transfer("there", "ship_text", _measured("prompts and answers", work.text_bytes), text, down, REMOTE_DOWN),
     ]
     if layout == "A":
-        stored = work.states_bytes or sizes.hidden_states.stored_bytes
-        what = _measured("the hidden states", work.states_bytes)
-        steps.append(_transfer("there", "ship_hidden_states", what, stored, link, "the link"))
+        steps.append(_transfer("there", "ship_hidden_states", what, stored, down, REMOTE_DOWN))
     words, counted, starts = _starting("its measurements", {}, 1 + on_vllm, rates)
     budgets = sum(PREFLIGHT_BUDGETS_S.values())
     steps.append(Step("there", "preflight", budgets + starts, words, counted, "its items' time budgets"))
@@ -502,7 +513,7 @@ def run_steps(inputs: Inputs, sizes: Sizes, rates: Rates, layout: str) -> list[S
                 sources["serve_there"],
             )
         )
-    steps.append(_transfer("there", "push_results", "the checkpoints", sizes.checkpoints_bytes, link, "the link"))
+    steps.append(_transfer("there", "push_results", "the checkpoints", sizes.checkpoints_bytes, down, REMOTE_DOWN))
     return steps
 
 
@@ -583,7 +594,7 @@ class BreakEven:
 
 def compute_break_even(inputs: Inputs, sizes: Sizes, rates: Rates) -> BreakEven:
     """Break-even between A and B."""
-    usd_per_s, link = rates.usd_per_s, rates.link_bytes_per_s
+    usd_per_s, link = rates.usd_per_s, rates.remote_down_bytes_per_s
     fixed_a = 0.0
     fixed_b = (rates.server_start_s if inputs.work.extract_on_vllm else 0.0) * usd_per_s
     here_usd_per_token = inputs.here_usd_per_hour / 3600 / rates.extract_here_tokens_per_s

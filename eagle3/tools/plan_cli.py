@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.gpu_kinds import GPUS
+from eagle3.tools.config_files import shipped_for
 from eagle3.tools.configs import LAYOUT_KEYS
 from eagle3.tools.plan import (
-    CHECKPOINT_BYTES_PER_PARAM,
     NEWTON_SCHULZ_MFU,
     TEXT_BYTES_PER_TOKEN,
     DiskNeed,
@@ -61,8 +61,8 @@ def _decision(plan: Plan) -> list[str]:
     where one is given."""
     inputs, scenarios = plan.inputs, dict(plan.scenarios.items())
     a, b, c = scenarios["A"], scenarios["B"], scenarios["C"]
-    link = plan.rates.link_bytes_per_s * 8 / 1e9
-    lines = [
+    down = plan.rates.remote_down_bytes_per_s * 8 / 1e9
+    lines = _recommendation(plan) + [
         f"Disk: the rented machine needs {_disk_words(b.disk.there)} to extract there (B), "
         f"{_disk_words(a.disk.there)} to receive shipped hidden states (A), or {_disk_words(c.disk.there)} to "
         f"stream them (C, {inputs.stream_buffer_gb:g} GB of buffer); here A needs {_disk_words(a.disk.here)} "
@@ -77,7 +77,7 @@ def _decision(plan: Plan) -> list[str]:
     else:
         cheaper = "shipping" if even.meaning.startswith("A") else "extracting there"
         trade = f"between A and B, {cheaper} is cheaper at any size"
-    ship = f"ship {size(plan.sizes.hidden_states.stored_bytes)} over {link:.2f} Gbit/s"
+    ship = f"ship {size(plan.sizes.hidden_states.stored_bytes)} through the DVC remote at {down:.2f} Gbit/s"
     if best is None:
         limits = "; ".join(
             f"{key}: {', '.join(s.problems)}"
@@ -116,6 +116,30 @@ def _decision(plan: Plan) -> list[str]:
             verdicts.append(f"{used} is {chosen.budget.hours} {_budget_words(hours, '')} h")
         lines.append(f"Budget ({best}, training included): " + "; ".join(verdicts) + ".")
     return lines
+
+
+WHAT_LAYOUTS_DO = {
+    "A": "extract here and ship the hidden states",
+    "B": "extract on the rented machine",
+    "C": "stream the hidden states on the rented machine, storing none",
+}
+
+
+def _recommendation(plan: Plan) -> list[str]:
+    """The answer first: the layout to use, its time and cost, and whether the params are set for it."""
+    best = plan.recommendation
+    if best is None:
+        return ["Recommended: no layout: none works with these inputs (below)."]
+    chosen, configured = getattr(plan.scenarios, best), plan.inputs.configured_layout
+    if configured is not None and best in configured:
+        how = "the params are set for it"
+    else:
+        gpu, name = plan.inputs.there.gpu, shipped_for(plan.inputs.verifier.name) or "NAME"
+        how = f"`eagle3 init {name} --layout {best} --gpu {gpu}` sets a shipped configuration for it"
+    return [
+        f"Recommended: layout {best} ({WHAT_LAYOUTS_DO[best]}): {duration(chosen.rented_s)} rented, "
+        f"{dollars(chosen.cost_usd)}; {how}."
+    ]
 
 
 def _layout_words(inputs, best: str) -> list[str]:
@@ -222,7 +246,8 @@ def render(plan: Plan) -> None:
     table.add_row(
         "draft checkpoints",
         size(sizes.checkpoints_bytes),
-        f"{sizes.draft_params / 1e9:.2f}B params x {CHECKPOINT_BYTES_PER_PARAM} B x {inputs.keep_checkpoints}",
+        f"{size(inputs.draft.checkpoint_bytes)} each ({sizes.draft_params:,} parameters in fp32 and "
+        f"{inputs.optimizer}'s state) x {inputs.keep_checkpoints} kept",
     )
     console.print(table)
 
@@ -235,7 +260,9 @@ def render(plan: Plan) -> None:
 
     rates, sources = plan.rates, inputs.sources
     rows = [
-        ("link", f"{rates.link_bytes_per_s * 8 / 1e9:.2f} Gbit/s", sources["link"]),
+        ("link (here -> there)", f"{rates.link_bytes_per_s * 8 / 1e9:.2f} Gbit/s", sources["link"]),
+        ("here -> DVC remote", f"{rates.remote_up_bytes_per_s * 8 / 1e9:.2f} Gbit/s", sources["remote_up"]),
+        ("DVC remote <-> there", f"{rates.remote_down_bytes_per_s * 8 / 1e9:.2f} Gbit/s", sources["remote_down"]),
         ("rented machine", f"${rates.machine_usd_per_hour:,.2f}/h", sources["there"]),
         ("here", "", sources["here"]),
         ("extraction there", f"{rates.extract_there_tokens_per_s:,.0f} tokens/s", sources["extract_there"]),

@@ -1,38 +1,60 @@
 """What the project's configuration decides for `eagle3 plan`: every flag it answers (TTT steps, draft vocabulary,
 epochs, the longest sample, storage, layers captured, checkpoints kept, the stream buffer, sharding, recompute,
 processes, the optimizer and the batches) comes from the params file unless the flag is given, and each input's
-source is named beside it ("params.yaml train.ttt_steps"). Without a params file the flags' built-in defaults
-apply, named as such.
+source is named beside it ("params.yaml train.ttt_steps"). Without a params file the shipped hero configuration
+(eagle3/configs/kimi-k2.5.yaml) answers them, named as such, but for what a run is asked for (how many samples, how
+long, stored how) and what that configuration leaves to the rented machine (FALLBACK).
 """
 
 import argparse
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from eagle3.config import Params
 
-# Flag (as its attribute) -> (dotted params key, the built-in default where no params file is there).
-CONFIGURED: dict[str, tuple[str, Any]] = {
-    "samples": ("prepare.max_rows", None),
-    "max_tokens": ("extract.max_seq_len", None),
-    "layers": ("extract.aux_layer_ids", 4),
-    "storage": ("extract.storage", None),
-    "epochs": ("train.epochs", 4),
-    "ttt_steps": ("train.ttt_steps", 7),
-    "draft_vocab": ("vocab.draft_vocab_size", 32000),
-    "keep_checkpoints": ("train.keep_checkpoints", 3),
-    "stream_buffer_gb": ("train.stream_buffer_gb", 64.0),
-    "sharding": ("train.sharding", "ddp"),
-    "draft_layout": ("train.draft_layout", ()),
-    "recompute": ("train.activation_checkpointing", "off"),
-    "optimizer": ("train.optimizer", "muon"),
-    "batch_size": ("train.batch_size", 16),
-    "max_tokens_per_batch": ("train.max_tokens_per_batch", None),
-    "gpus": ("train.launch", 8),
-    "gpu": ("train.launch.gpu", "b200"),
+# Flag (as its attribute) -> dotted params key.
+CONFIGURED: dict[str, str] = {
+    "samples": "prepare.max_rows",
+    "max_tokens": "extract.max_seq_len",
+    "layers": "extract.aux_layer_ids",
+    "storage": "extract.storage",
+    "epochs": "train.epochs",
+    "ttt_steps": "train.ttt_steps",
+    "draft_vocab": "vocab.draft_vocab_size",
+    "keep_checkpoints": "train.keep_checkpoints",
+    "stream_buffer_gb": "train.stream_buffer_gb",
+    "sharding": "train.sharding",
+    "draft_layout": "train.draft_layout",
+    "recompute": "train.activation_checkpointing",
+    "optimizer": "train.optimizer",
+    "batch_size": "train.batch_size",
+    "max_tokens_per_batch": "train.max_tokens_per_batch",
+    "gpus": "train.launch",
+    "gpu": "train.launch.gpu",
 }
+# Flags the run itself answers: without a params file they are asked for (--samples) or measured, never taken from
+# the shipped configuration's run.
+RUN_INPUTS = ("samples", "max_tokens", "storage")
+# What the shipped configuration leaves to the machine it runs on, where neither a flag nor a params file says.
+FALLBACK = {"gpus": 8, "gpu": "b200"}
+SHIPPED = "kimi-k2.5"
+
+
+@cache
+def shipped_params() -> "Params":
+    """The shipped hero configuration, validated as a params file (layout B: stored states)."""
+    import yaml
+
+    from eagle3.config import Params
+    from eagle3.params.loading import validate
+    from eagle3.tools.configs import CONFIGS_DIR, render
+
+    return validate(yaml.safe_load(render(SHIPPED, "B")), Params, CONFIGS_DIR / f"{SHIPPED}.yaml")
+
+
 # Captured per token besides the aux layers: the final layer, always.
 FINAL_LAYERS = 1
 # The verifier's default aux layers, (2, N//2, N-3), are three.
@@ -53,8 +75,7 @@ class Configured:
 def _value(params: "Params", flag: str) -> Any:
     """The flag's value as the validated params give it, or None where they leave it to the flag (e.g. a process
     count of auto)."""
-    key, _ = CONFIGURED[flag]
-    section, name = key.split(".", 1)
+    section, name = CONFIGURED[flag].split(".", 1)
     if flag == "gpu":
         return params.train.launch.gpu
     value = getattr(getattr(params, section), name)
@@ -76,7 +97,7 @@ def apply(args: argparse.Namespace, params_path: Path) -> tuple[Configured, dict
         from eagle3.config import load_params
 
         params = load_params(params_path)
-    for flag, (key, default) in CONFIGURED.items():
+    for flag, key in CONFIGURED.items():
         given = getattr(args, flag)
         option = "--" + flag.replace("_", "-")
         if given is not None:
@@ -86,9 +107,14 @@ def apply(args: argparse.Namespace, params_path: Path) -> tuple[Configured, dict
         if value is not None:
             setattr(args, flag, value)
             sources[flag] = f"{params_path.name} {key}"
+            continue
+        shipped = None if params is not None or flag in RUN_INPUTS else _value(shipped_params(), flag)
+        if shipped is not None:
+            setattr(args, flag, shipped)
+            sources[flag] = f"the shipped {SHIPPED} configuration's {key}"
         else:
-            if default is not None:
-                setattr(args, flag, default)
+            if flag in FALLBACK:
+                setattr(args, flag, FALLBACK[flag])
             sources[flag] = f"default of {option}" + ("" if params is None else f" ({key} leaves it open)")
     if sources["optimizer"].startswith("default") and args.sharding == "fsdp":
         # What params accept: muon orthogonalises whole matrices, which fsdp splits.

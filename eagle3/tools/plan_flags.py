@@ -13,14 +13,23 @@ from eagle3.formats.storage import STORAGES
 from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import MAX_TTT_STEPS, RECOMPUTE, DraftLayout, Optimizer, Sharding
 from eagle3.paths import EXTRACT_METRICS
-from eagle3.tools.plan_config import CONFIGURED
+from eagle3.tools.plan_config import CONFIGURED, FALLBACK, RUN_INPUTS, SHIPPED
 from eagle3.tools.plan_types import CACHE_LINKS, PRESETS, Budget
+
+# The link between here and the rented machine where no flag gives it: a common office uplink, and the share of it
+# a transfer reaches (benchmarks/transfer.py measures one).
+LINK_GBIT = 5.0
+LINK_EFFICIENCY = 0.8
 
 
 def _configured(flag: str) -> str:
-    """The default a help text names: the params key, else the built-in value."""
-    key, default = CONFIGURED[flag]
-    return f"default: params.yaml {key}" + ("" if default is None else f", else {default}")
+    """The default a help text names: the params key, else the shipped configuration's (or the fallback)."""
+    key = CONFIGURED[flag]
+    if flag in RUN_INPUTS:
+        return f"default: params.yaml {key}"
+    return f"default: params.yaml {key}, else the shipped {SHIPPED} configuration's" + (
+        f" (or {FALLBACK[flag]})" if flag in FALLBACK else ""
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,12 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the extract stage's metrics (default: the project's {EXTRACT_METRICS.as_posix()})",
     )
     link = parser.add_argument_group("link between here and the rented machine")
-    link.add_argument("--link-gbit", type=float, default=5.0, help="line rate, Gbit/s (default 5)")
+    link.add_argument("--link-gbit", type=float, help=f"line rate, Gbit/s (default {LINK_GBIT:g})")
     link.add_argument(
         "--link-efficiency",
         type=float,
-        default=0.8,
-        help="share of the line rate a transfer reaches (default 0.8; benchmarks/transfer.py measures it)",
+        help=f"share of the line rate a transfer reaches (default {LINK_EFFICIENCY:g}; benchmarks/transfer.py "
+        "measures it)",
     )
     link.add_argument(
         "--link-from-remote",
@@ -85,6 +94,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weights-link-gbit",
         type=float,
         help="Gbit/s at which the rented machine gets the verifier weights (default: --link-gbit)",
+    )
+    remote = parser.add_argument_group(
+        "the DVC remote (docs/hero-run.md moves the text, A's hidden states and the checkpoints through it)"
+    )
+    remote.add_argument(
+        "--remote-up-gbit",
+        type=float,
+        help="Gbit/s a `dvc push` here reaches to the remote, before renting (default: --link-from-remote's "
+        "measurement, else the link)",
+    )
+    remote.add_argument(
+        "--remote-down-gbit",
+        type=float,
+        help="Gbit/s the rented machine reaches to and from the remote (`dvc pull` of the states in A, `dvc push` of "
+        "the checkpoints; default: the link, assumed; `eagle3 preflight` there can't measure it before renting, a "
+        "provider's figure or a test machine can)",
     )
     there = parser.add_argument_group("the rented machine")
     there.add_argument("--gpu", help=f"GPU preset: {', '.join(GPUS)} ({_configured('gpu')})")
@@ -247,6 +272,7 @@ def _check_gpu(flag: str, name: str) -> None:
 # Flags (as attribute names) that must be > 0 where given, in the order their errors take precedence.
 POSITIVE = (
     "samples mean_tokens max_tokens layers bytes_per_element link_gbit link_efficiency weights_link_gbit "
+    "remote_up_gbit remote_down_gbit "
     "extract_tokens_per_s gpus gpu_tflops mfu here_gpus here_share here_tokens_per_s train_tokens_per_s epochs "
     "draft_vocab keep_checkpoints stream_buffer_gb disk_tb here_disk_tb compression_ratio active_params weights_gb "
     "probe_mb jobs ttt_steps serve_tokens_per_s server_start_min batch_size max_tokens_per_batch"
@@ -262,6 +288,8 @@ LIMITS = {
     "bytes_per_element": 8,
     "link_gbit": 1e6,
     "weights_link_gbit": 1e6,
+    "remote_up_gbit": 1e6,
+    "remote_down_gbit": 1e6,
     "extract_tokens_per_s": 1e12,
     "here_tokens_per_s": 1e12,
     "train_tokens_per_s": 1e12,
@@ -300,7 +328,7 @@ def _check_values(args: argparse.Namespace) -> None:
     for name in ("gpu_usd_per_hour", "here_usd_per_hour", "headroom"):
         positive(_flag(name), getattr(args, name), allow_zero=True)
     for name in ("link_efficiency", "mfu", "here_share"):
-        if getattr(args, name) > 1:
+        if getattr(args, name) is not None and getattr(args, name) > 1:
             raise Eagle3Error(f"{_flag(name)} is a fraction in (0, 1], got {getattr(args, name):g}")
     if args.compression_ratio is not None and args.compression_ratio <= 1:
         raise Eagle3Error(
@@ -324,6 +352,10 @@ def validate_args(args: argparse.Namespace, configuration: dict[str, str] | None
     """Every flag on its own, before any file but the params is read, so that the first bad one is the error
     reported."""
     _check_values(args)
+    # Whether the link's two figures were given, for their source; then their defaults.
+    args.link_gbit_given, args.link_efficiency_given = args.link_gbit is not None, args.link_efficiency is not None
+    args.link_gbit = LINK_GBIT if args.link_gbit is None else args.link_gbit
+    args.link_efficiency = LINK_EFFICIENCY if args.link_efficiency is None else args.link_efficiency
     max_tokens = args.max_tokens if args.max_tokens is not None else int(math.ceil(args.mean_tokens))
     if args.mean_tokens > max_tokens:
         source = (configuration or {}).get("max_tokens", "--max-tokens")

@@ -9,21 +9,22 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import Eagle3Error
+from eagle3.formats.hf_config import text_config
 from eagle3.formats.provenance import read_provenance, verifier_location
 from eagle3.gpu_kinds import GPUS
-from eagle3.params.train import DraftLayout, TrainParams, draft_shape_settings
+from eagle3.params.train import DraftLayout, TrainParams, draft_settings
 from eagle3.paths import EXTRACT_METRICS, PROVENANCE, VERIFIER_DIR
 from eagle3.tools.dvc_config import cache_option, usable_cache_link
-from eagle3.tools.plan_config import Configured
+from eagle3.tools.plan_config import FINAL_LAYERS, Configured
 from eagle3.tools.plan_config import apply as apply_configuration
 from eagle3.tools.plan_flags import validate_args
 from eagle3.tools.plan_measured import CompressionRatio, Measured, compression_ratio, read_measurements
 from eagle3.tools.plan_memory import (
     TrainMemory,
     compute_train_memory,
+    draft_figures,
     estimate,
     memory_warning,
-    newton_schulz_flops_for,
 )
 from eagle3.tools.plan_preflight import PreflightFigures, disk_words, preflights
 from eagle3.tools.plan_types import (
@@ -31,10 +32,13 @@ from eagle3.tools.plan_types import (
     GB,
     GPU_MEMORY_UTILIZATION,
     PRESETS,
+    TB,
     TRAIN_MEASURED,
+    DraftFigures,
     Inputs,
     Machine,
     VerifierShape,
+    size,
     weights_fit,
 )
 from eagle3.tools.plan_verifier import require_parameter_count, verifier_from_args
@@ -48,17 +52,31 @@ DEFAULT_VERIFIER = "kimi-k2.5"
 
 
 def machines(
-    args: argparse.Namespace, there_disk_tb: float | None, here_disk_tb: float | None
+    args: argparse.Namespace, there_disk_tb: float | None, here_disk_tb: float | None, weights_bytes: float | None
 ) -> tuple[Machine, Machine]:
     """The rented machine and this one, from their GPU presets and the flags that override them; the disks as
-    --disk-tb / --here-disk-tb, else as a preflight measured them, else unknown there and HERE_DISK_TB here."""
+    --disk-tb / --here-disk-tb, else as a preflight measured them (free space), else unknown there and here
+    HERE_DISK_TB less the verifier's weights, which docs/hero-run.md keeps on that volume (here_disk_default)."""
     gpu = GPUS[args.gpu]
     usd = gpu.usd_per_hour if args.gpu_usd_per_hour is None else args.gpu_usd_per_hour
     there_disk = args.disk_tb if args.disk_tb is not None else there_disk_tb
-    here_disk = args.here_disk_tb if args.here_disk_tb is not None else (here_disk_tb or HERE_DISK_TB)
+    here_disk = args.here_disk_tb if args.here_disk_tb is not None else here_disk_tb
+    if here_disk is None:
+        here_disk = here_disk_default(weights_bytes)[0]
     there = Machine(args.gpu, args.gpus, args.gpu_tflops or gpu.bf16_tflops, usd, there_disk)
     here = Machine(args.here_gpu, args.here_gpus, GPUS[args.here_gpu].bf16_tflops, 0.0, here_disk)
     return there, here
+
+
+def here_disk_default(weights_bytes: float | None) -> tuple[float, str]:
+    """This machine's disk for the project where nothing measured or gave it, and how it reads in the sources."""
+    if not weights_bytes:
+        return HERE_DISK_TB, f"default: {HERE_DISK_TB:g} TB"
+    return (
+        HERE_DISK_TB - weights_bytes / TB,
+        f"default: {HERE_DISK_TB:g} TB less the verifier's {size(weights_bytes)} of weights kept on it "
+        "(docs/hero-run.md); --here-disk-tb, or --here-preflight measures it",
+    )
 
 
 def _machine_words(machine: Machine) -> str:
@@ -133,7 +151,14 @@ class Link:
 def probe_link(args: argparse.Namespace, root: Path) -> Link:
     """--link-gbit x --link-efficiency, or with --link-from-remote an upload to that remote, measured."""
     if not args.link_from_remote:
-        return Link(args.link_gbit, args.link_efficiency, None, "--link-gbit x --link-efficiency")
+        given = "" if args.link_gbit_given else " (default)"
+        efficiency = "" if args.link_efficiency_given else " (default)"
+        return Link(
+            args.link_gbit,
+            args.link_efficiency,
+            None,
+            f"--link-gbit {args.link_gbit:g}{given} x --link-efficiency {args.link_efficiency:g}{efficiency}",
+        )
     from eagle3.tools.remotes import measure_upload
 
     measurement = measure_upload(root, args.link_from_remote, int(args.probe_mb * 1e6), args.jobs)
@@ -237,11 +262,40 @@ def planned_work(args: argparse.Namespace, root: Path, configured: Configured) -
 
 
 def draft_shape(args: argparse.Namespace, configured: Configured) -> dict[str, Any]:
-    """The train settings that shape the draft (draft_shape_settings): the params file's (the defaults without
-    one), its layout as --draft-layout says."""
+    """The train settings that decide the draft (draft_settings): the params file's (the defaults without
+    one), its layout as --draft-layout and its optimizer as --optimizer say."""
     train = configured.params.train if configured.params is not None else TrainParams()
     layout = {name: name in args.draft_layout for name in DraftLayout.model_fields}
-    return {**draft_shape_settings(train), "draft_layout": layout}
+    return {**draft_settings(train), "draft_layout": layout, "optimizer": args.optimizer}
+
+
+# Where the verifier's config does not say how its attention is split into heads (a shape given by flags), the draft
+# is built with heads of this size: what Kimi-K2.5's and most large verifiers' drafts have.
+ASSUMED_HEAD_DIM = 128
+
+
+def draft_for(
+    verifier: VerifierShape, draft_vocab: int, shape: dict[str, Any], aux_layers: int
+) -> tuple[DraftFigures, str]:
+    """The train stage's draft for this verifier (plan_memory.draft_figures), and where its shape came from."""
+    config = verifier.config
+    source = "the train stage's draft, built on the meta device from the verifier's config"
+    if not text_config(config).get("num_attention_heads"):
+        heads = max(1, verifier.hidden_size // ASSUMED_HEAD_DIM)
+        config = {
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            **text_config(config),
+            "hidden_size": verifier.hidden_size,
+            "num_hidden_layers": verifier.num_layers,
+            "vocab_size": verifier.vocab_size,
+            "intermediate_size": verifier.intermediate_size,
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+        }
+        source += f" (heads of {ASSUMED_HEAD_DIM} assumed: the verifier's config gives none)"
+    return draft_figures(config, draft_vocab, shape, aux_layers), source
 
 
 def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
@@ -259,7 +313,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     preflight_ratio = there_preflight if there_preflight.compression_ratio is not None else here_preflight
     measured = read_measurements(args, root, verifier, preflight_ratio.compression_ratio is not None)
     compression = compression_ratio(args, measured, preflight_ratio)
-    there, here = machines(args, there_preflight.disk_tb, here_preflight.disk_tb)
+    there, here = machines(args, there_preflight.disk_tb, here_preflight.disk_tb, verifier.weights_bytes)
     here_tokens_per_s, here_source = here_extraction_rate(args, measured, here, here_preflight)
     there_measured = args.extract_tokens_per_s is not None or there_preflight.extract_tokens_per_s is not None
     here_measured = args.here_tokens_per_s is not None or here_preflight.extract_tokens_per_s is not None
@@ -267,7 +321,9 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     cache = check_cache_link(args, root)
     link = probe_link(args, root)
     shape = draft_shape(args, configured)
-    memory = estimate(verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding, shape)
+    memory = estimate(
+        verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding, shape, args.layers - FINAL_LAYERS
+    )
     process_tokens = checked.max_tokens  # without params: one longest sample per GPU
     if configured.params is not None:
         train = configured.params.train
@@ -299,7 +355,10 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         "compression_ratio": compression.source,
         "there": f"{_machine_words(there)}, {there_price}"
         + disk_words(there, "--disk-tb", args.disk_tb, there_preflight),
-        "here": _machine_words(here) + disk_words(here, "--here-disk-tb", args.here_disk_tb, here_preflight),
+        "here": _machine_words(here)
+        + disk_words(
+            here, "--here-disk-tb", args.here_disk_tb, here_preflight, here_disk_default(verifier.weights_bytes)[1]
+        ),
         "extract_there": extract_there,
         "extract_here": here_source,
         "train": _train_source(args, there, there_preflight),
@@ -308,12 +367,19 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         "cache_link": cache.source,
         "link": link.source,
     }
-    optimizer_step_flops, unpriced = 0.0, []
-    if args.optimizer == "muon" and there_preflight.optimizer_step_s is None:
-        try:
-            optimizer_step_flops = newton_schulz_flops_for(verifier.config, args.draft_vocab, shape)
-        except Eagle3Error as exc:
-            unpriced.append(f"optimizer muon: its Newton-Schulz step is not priced ({exc})")
+    reached = link.gbit * link.efficiency
+    remote_up, sources["remote_up"] = (
+        (args.remote_up_gbit, "--remote-up-gbit")
+        if args.remote_up_gbit is not None
+        else (reached, link.source if args.link_from_remote else "assumed: the link")
+    )
+    remote_down, sources["remote_down"] = (
+        (args.remote_down_gbit, "--remote-down-gbit")
+        if args.remote_down_gbit is not None
+        else (reached, "assumed: the link (--remote-down-gbit)")
+    )
+    draft, sources["draft"] = draft_for(verifier, args.draft_vocab, shape, args.layers - FINAL_LAYERS)
+    optimizer_step_flops = draft.newton_schulz_flops if there_preflight.optimizer_step_s is None else 0.0
     samples_per_step = float(args.batch_size)
     if args.max_tokens_per_batch is not None:
         samples_per_step = min(samples_per_step, max(1.0, args.max_tokens_per_batch / args.mean_tokens))
@@ -331,6 +397,8 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         link_gbit=link.gbit,
         link_efficiency=link.efficiency,
         weights_link_gbit=args.weights_link_gbit or link.gbit,
+        remote_up_gbit=remote_up,
+        remote_down_gbit=remote_down,
         there=there,
         here=here,
         here_share=args.here_share,
@@ -346,6 +414,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         epochs=args.epochs,
         draft_vocab=args.draft_vocab,
         keep_checkpoints=args.keep_checkpoints,
+        draft=draft,
         stream_buffer_gb=args.stream_buffer_gb,
         headroom=args.headroom,
         cache_link=cache.link,
@@ -364,7 +433,15 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         server_start_s=args.server_start_min * 60 if args.server_start_min is not None else None,
         warnings=there_preflight.warnings
         + here_preflight.warnings
-        + unpriced
+        + (
+            []
+            if args.remote_down_gbit is not None
+            else [
+                "the rented machine's speed to the DVC remote is assumed to be the link's: it prices A's `dvc pull` "
+                "of the hidden states, and so A against B; give --remote-down-gbit (the provider's figure, or a "
+                "`dvc pull` timed on a machine of that provider)"
+            ]
+        )
         + collect_warnings(
             verifier,
             measured,

@@ -2,10 +2,10 @@
 sample that trains there with each train.activation_checkpointing setting.
 
 The figures are eagle3/training/memory.py's estimate (the real training step run on fake tensors: bf16 autocast,
-fused AdamW, batch 1, the draft shaped from the verifier's config) for one of `gpus` processes under
---sharding. AdamW's two moments per parameter bound train.optimizer muon's state from above (one per matrix; its
-Newton-Schulz temporaries come after the backward has freed the step's activations), and preflight measures the
-configured optimizer itself. It is linear in the sample's length, so two measured lengths give each setting's line:
+train.optimizer's state, batch 1, the draft shaped from the verifier's config as the train stage shapes it) for one
+of `gpus` processes under --sharding (Muon's Newton-Schulz temporaries come after the backward has freed the step's
+activations), and preflight measures the configured optimizer itself. It is linear in the sample's length, so two
+measured lengths give each setting's line:
 
     memory(T)           = fixed + per_token * T                     (per GPU, each setting)
     longest sample      = floor((memory_gb * 1e9 - fixed) / per_token)
@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
-from eagle3.formats.hf_config import uses_mla
+from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.gpu_kinds import GPUS
-from eagle3.params.train import RECOMPUTE, draft_shape_settings
+from eagle3.params.train import RECOMPUTE, draft_settings
 from eagle3.tools.plan_types import (
     GB,
     GPU_MEMORY_UTILIZATION,
+    DraftFigures,
     Machine,
     MemoryEstimate,
     MemoryLine,
@@ -71,14 +72,20 @@ class TrainMemory:
 
 
 def _cache_key(
-    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str, shape: dict[str, Any]
+    config: dict[str, Any],
+    draft_vocab: int,
+    ttt_steps: int,
+    processes: int,
+    sharding: str,
+    shape: dict[str, Any],
+    aux_layers: int | None,
 ) -> str:
     source = hashlib.sha256()
     for path in sorted(_PACKAGE.rglob("*.py")):
         source.update(path.read_bytes())
     versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers")}
-    inputs = [config, draft_vocab, ttt_steps, processes, sharding, shape, LENGTHS, versions, source.hexdigest()]
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
+    inputs = [config, draft_vocab, ttt_steps, processes, sharding, shape, aux_layers, LENGTHS, versions]
+    return hashlib.sha256(json.dumps([*inputs, source.hexdigest()], sort_keys=True).encode()).hexdigest()[:32]
 
 
 def _cache_dir() -> Path:
@@ -86,13 +93,20 @@ def _cache_dir() -> Path:
 
 
 def _measure(
-    config: dict[str, Any], draft_vocab: int, ttt_steps: int, processes: int, sharding: str, shape: dict[str, Any]
+    config: dict[str, Any],
+    draft_vocab: int,
+    ttt_steps: int,
+    processes: int,
+    sharding: str,
+    shape: dict[str, Any],
+    aux_layers: int | None,
 ) -> dict[str, MemoryLine]:
     from eagle3.params.train import TrainParams
     from eagle3.training.memory import Estimator, draft_config_for
 
-    draft = draft_config_for(config, draft_vocab, TrainParams.model_validate(shape))
-    estimator = Estimator(draft, ttt_steps)
+    train = TrainParams.model_validate(shape)
+    draft = draft_config_for(config, draft_vocab, train, aux_layers)
+    estimator = Estimator(draft, ttt_steps, optimizer=train.optimizer, freeze_lm_head=train.freeze_lm_head)
     lines = {}
     for setting in RECOMPUTE:
         short, long = (estimator.memory(tokens, setting, processes, sharding).total for tokens in LENGTHS)
@@ -101,19 +115,33 @@ def _measure(
     return lines
 
 
-def newton_schulz_flops_for(config: dict[str, Any], draft_vocab: int, shape: dict[str, Any]) -> float:
-    """FLOPs of one Muon step's orthogonalisation (eagle3/training/optimizers.py) for the draft the train stage
-    shapes for this verifier and these settings (`shape`: draft_shape_settings), on the meta device (shapes only)."""
+def draft_figures(
+    config: dict[str, Any], draft_vocab: int, shape: dict[str, Any], aux_layers: int | None = None
+) -> DraftFigures:
+    """DraftFigures for the verifier `config`, draft vocabulary and train settings `shape` (draft_settings: the
+    draft's shape, the optimizer and whether the head trains), on `aux_layers` captured aux layers (None: vLLM's
+    default three)."""
     import torch
 
+    from eagle3.formats.checkpoints import checkpoint_bytes
     from eagle3.modeling.draft import Eagle3Draft
     from eagle3.params.train import TrainParams
     from eagle3.training.memory import draft_config_for
-    from eagle3.training.optimizers import newton_schulz_flops
+    from eagle3.training.optimizers import make_optimizer, newton_schulz_flops
 
+    train = TrainParams.model_validate(shape)
     with torch.device("meta"):
-        draft = Eagle3Draft(draft_config_for(config, draft_vocab, TrainParams.model_validate(shape)))
-    return newton_schulz_flops(draft)
+        draft = Eagle3Draft(draft_config_for(config, draft_vocab, train, aux_layers))
+    draft.lm_head.weight.requires_grad_(not train.freeze_lm_head)
+    optimizer = make_optimizer(draft, train)
+    parameters = sum(p.numel() for p in draft.parameters())
+    return DraftFigures(
+        parameters=parameters,
+        trained_parameters=sum(p.numel() for p in draft.parameters() if p.requires_grad),
+        checkpoint_bytes=checkpoint_bytes(draft, optimizer),
+        served_bytes=2 * parameters + 8 * draft_vocab + text_config(config)["vocab_size"],
+        newton_schulz_flops=newton_schulz_flops(draft) if train.optimizer == "muon" else 0.0,
+    )
 
 
 def _cached(path: Path) -> dict[str, MemoryLine] | None:
@@ -135,16 +163,17 @@ def estimate(
     processes: int,
     sharding: str,
     shape: dict[str, Any] | None = None,
+    aux_layers: int | None = None,
 ) -> MemoryEstimate:
-    """The lines, from the cache or measured (and cached), for the draft `shape` (draft_shape_settings of the train
-    params; None: the defaults) gives."""
+    """The lines, from the cache or measured (and cached), for the draft `shape` (draft_settings of the train
+    params; None: the defaults) gives, on `aux_layers` captured aux layers (None: vLLM's default three)."""
     shape = shape or {}
     draft_layout = tuple(name for name, on in (shape.get("draft_layout") or {}).items() if on)
     words = (
         f"eagle3/training/memory.py on fake tensors: {ttt_steps} TTT steps, bf16, batch 1, one of {processes} "
         f"processes ({sharding}), draft layout: {', '.join(draft_layout) or 'no extra norms'}" + _shape_words(shape)
     )
-    key = (config, draft_vocab, ttt_steps, processes, sharding, shape)
+    key = (config, draft_vocab, ttt_steps, processes, sharding, shape, aux_layers)
     try:
         path = _cache_dir() / f"{_cache_key(*key)}.json"
         lines = _cached(path)
@@ -419,7 +448,7 @@ def check_gpu_memory(params: "Params", path: Path) -> list[str]:
         )
         if problem is not None:
             raise Eagle3Error(f"{path}: train.launch.gpu: {gpu}: {problem} (`eagle3 init NAME --gpu KIND`)")
-    shape = draft_shape_settings(train)
+    shape = draft_settings(train)
     lines = estimate(config, params.vocab.draft_vocab_size, train.ttt_steps, processes, train.sharding, shape)
     tokens = tokens_per_process(train.max_tokens_per_batch, train.batch_size, processes, extract.max_seq_len)
     memory = compute_train_memory(lines, tokens, Machine(gpu, processes, 0.0, 0.0, None))

@@ -297,9 +297,11 @@ def preflights(args: argparse.Namespace, verifier: VerifierShape) -> tuple[Prefl
     return found[0], found[1]
 
 
-def disk_words(machine: Machine, flag: str, given: float | None, preflight: PreflightFigures) -> str:
+def disk_words(
+    machine: Machine, flag: str, given: float | None, preflight: PreflightFigures, default: str = "default"
+) -> str:
     """How a machine's disk reads in the plan's sources: its size and where it came from (flag, preflight, default)."""
     if machine.disk_tb is None:
         return ""
-    source = flag if given is not None else preflight.sources.get("disk", "default")
+    source = flag if given is not None else preflight.sources.get("disk", default)
     return f", disk {machine.disk_tb:,.3g} TB ({source})"

@@ -162,6 +162,18 @@ def weights_fit(weights_bytes: float, machine: Machine) -> bool:
 
 
 @dataclass(frozen=True)
+class DraftFigures:
+    """The draft the train stage builds for these inputs, sized on the meta device (shapes only, in milliseconds):
+    the figures the plan and `eagle3 check` quote of it, none from a formula of their own."""
+
+    parameters: int  # every parameter it holds, trained or not
+    trained_parameters: int
+    checkpoint_bytes: int  # one checkpoint's tensors (eagle3/formats/checkpoints.py checkpoint_bytes)
+    served_bytes: int  # the exported draft: weights in bf16, d2t (int64) and t2d (bool)
+    newton_schulz_flops: float  # one Muon step's orthogonalisation on each process; 0 for adamw
+
+
+@dataclass(frozen=True)
 class Budget:
     low: float | None
     high: float
@@ -182,6 +194,9 @@ class Inputs:
     link_gbit: float
     link_efficiency: float
     weights_link_gbit: float
+    # The DVC remote's speeds, Gbit/s as reached (no efficiency applied): here -> remote, and the rented machine's.
+    remote_up_gbit: float
+    remote_down_gbit: float
     there: Machine
     here: Machine
     here_share: float
@@ -200,6 +215,8 @@ class Inputs:
     epochs: int
     draft_vocab: int
     keep_checkpoints: int
+    # The train stage's draft for these inputs (eagle3/tools/plan_memory.py draft_figures): its sizes.
+    draft: DraftFigures = field(metadata=NOT_IN_JSON)
     stream_buffer_gb: float
     headroom: float
     cache_link: str

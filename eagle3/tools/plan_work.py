@@ -127,8 +127,17 @@ def count_evaluation(params: "Params", root: Path) -> tuple[list[EvaluationRun],
         source = ", ".join(s.name for s in sets) + (f", {probes} long-context probes" if probes else "")
     else:
         heldout = min(params.prepare.heldout_rows, config.max_prompts or params.prepare.heldout_rows)
-        turns = heldout + probes
-        source = f"{heldout} held-out, {probes} long-context probes; benchmarks counted once they are made"
+        declared = [
+            (s.name, min(s.records, s.max_prompts or s.records), s.turns_per_record)
+            for s in params.benchmarks.sets
+            if s.records is not None
+        ]
+        undeclared = [s.name for s in params.benchmarks.sets if s.records is None]
+        turns = heldout + probes + sum(records * per for _, records, per in declared)
+        parts = [f"{heldout} held-out", *(f"{name} {records} x {per}" for name, records, per in declared)]
+        source = ", ".join(parts) + f", {probes} long-context probes (benchmarks.sets[].records until they are made)"
+        if undeclared:
+            source += f"; {', '.join(undeclared)} counted once made (no records declared)"
     runs = [
         EvaluationRun(method if k is None else f"{method} k={k}", len(config.temperatures(k)), turns)
         for method, k in config.configurations()

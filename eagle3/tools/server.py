@@ -120,7 +120,10 @@ def start(root: Path, name: str, command: list[str], timeout_min: float) -> None
             f"server {name} is already running (pid {running}, log {log}); `eagle3 server stop {name}` first"
         )
     if _answers(url):
-        raise Eagle3Error(f"server {name}: something already answers at {url.removesuffix('/health')}; stop it first")
+        raise Eagle3Error(
+            f"server {name}: something already answers at {url.removesuffix('/health')}, not started by `eagle3 "
+            f"server start {name}`: stop it the way it was started (docs/hero-run.md, step 3), then rerun"
+        )
     with open(log, "ab") as output:
         output.write(f"\n$ {shlex.join(command)}\n".encode())
         output.flush()
@@ -152,7 +155,9 @@ def stop(root: Path, name: str, timeout_s: float) -> None:
     pid_file = root / SERVERS_DIR / f"{name}.pid"
     pid = _read_pid(pid_file)
     if pid is None:
-        raise Eagle3Error(f"server {name}: none started here ({pid_file} is missing)")
+        # Stopping is idempotent: the runbook stops a standing server that may or may not run.
+        status(f"server {name}: none started here, nothing to stop ({pid_file} is missing)")
+        return
     if not _alive(pid):
         pid_file.unlink(missing_ok=True)
         status(f"server {name}: was not running")

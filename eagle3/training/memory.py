@@ -185,17 +185,26 @@ class StepMemory:
 class Estimator:
     """One draft shape on fake tensors, stepped at any length and recompute setting (the module docstring)."""
 
-    def __init__(self, config: DraftConfig, ttt_steps: int, precision: str = "bfloat16", optimizer: str = "adamw"):
+    def __init__(
+        self,
+        config: DraftConfig,
+        ttt_steps: int,
+        precision: str = "bfloat16",
+        optimizer: str = "adamw",
+        freeze_lm_head: bool = False,
+    ):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         self.config, self.ttt_steps, self.precision = config, ttt_steps, precision
         self.fake = FakeTensorMode()
         with self.fake:
             self.objective = make_objective_for(config, ttt_steps, "off", precision)
+            self.objective.draft.lm_head.weight.requires_grad_(not freeze_lm_head)
             self.optimizer = make_optimizer(self.objective.draft, TrainParams(optimizer=optimizer))
             # The optimizer makes its state at its first step; every later step starts with it.
             for param in self.objective.draft.parameters():
-                param.grad = torch.zeros_like(param)
+                if param.requires_grad:
+                    param.grad = torch.zeros_like(param)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.parameters = list(self.objective.draft.parameters())
@@ -254,7 +263,8 @@ class Estimator:
         else:
             gathered = 0
         frozen = _bytes(self.objective.buffers())
-        buckets = _bytes(self.parameters) if sharding == "ddp" and processes > 1 else 0
+        trained = [p for p in self.parameters if p.requires_grad]
+        buckets = _bytes(trained) if sharding == "ddp" and processes > 1 else 0
         return StepMemory(
             tokens,
             self.ttt_steps,
@@ -272,12 +282,13 @@ class Estimator:
 
 
 def draft_config_for(
-    verifier_config: dict[str, Any], draft_vocab: int, train: TrainParams | None = None
+    verifier_config: dict[str, Any], draft_vocab: int, train: TrainParams | None = None, aux_layers: int | None = None
 ) -> DraftConfig:
     """The draft the train stage shapes for this verifier config with these train settings (the defaults: the
-    attention and MLP derived from the verifier), on vLLM's default aux layers."""
+    attention and MLP derived from the verifier), on vLLM's default aux layers, or on `aux_layers` of them
+    (extract.aux_layer_ids: only their number shapes the draft)."""
     layers = text_config(verifier_config).get("num_hidden_layers")
     if not isinstance(layers, int):
         raise Eagle3Error("verifier config.json: missing 'num_hidden_layers', needed to shape the draft")
-    aux_layer_ids = tuple(default_aux_layer_ids(layers))
+    aux_layer_ids = tuple(default_aux_layer_ids(layers)) if aux_layers is None else tuple(range(1, aux_layers + 1))
     return DraftConfig.for_training(verifier_config, aux_layer_ids, draft_vocab, train or TrainParams())
