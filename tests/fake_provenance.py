@@ -30,7 +30,8 @@ SMOLLM2 = {
     "trust_remote_code": False,
     "num_weight_files": 1,
     "weight_bytes": 1,
-    "weight_headers_sha256": "0" * 64,
+    "weight_files": {"model.safetensors": {"bytes": 1, "sha256": "0" * 64}},
+    "weights_sha256": "0" * 64,
 }
 
 

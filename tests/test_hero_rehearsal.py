@@ -10,6 +10,7 @@ lineage says which machine made what; C, streaming its states in two processes, 
 states; and what the miniature exercises in every stage (a sharded MoE/MLA checkpoint, a slow tiktoken tokenizer loaded
 with trust_remote_code, a template that opens `<think>` and drops earlier turns' reasoning)."""
 
+import hashlib
 import json
 import os
 import re
@@ -269,7 +270,9 @@ def test_every_stage_runs_on_the_kimi_shaped_miniature(rehearsals, tmp_path):
 
     provenance = json.loads((root / "models/verifier/provenance.json").read_text())
     assert provenance["trust_remote_code"] and provenance["num_weight_files"] == 6
-    assert provenance["weight_index_sha256"] and "weight_headers_sha256" not in provenance
+    assert provenance["weight_index_sha256"] and len(provenance["weight_files"]) == 6
+    for name, entry in provenance["weight_files"].items():
+        assert entry["sha256"] == hashlib.sha256((miniature / name).read_bytes()).hexdigest(), name
     assert provenance["model_type"] == "deepseek_v3" and provenance["vocab_size"] == 766
 
     # The template opens <think>: every answer starts as reasoning, and the random model never closes the block

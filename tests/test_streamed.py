@@ -2,6 +2,7 @@
 shards within float32 rounding, with no training states on disk beyond the buffer; exact resume after kill -9; two
 processes train what one does; and the one-line errors."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -196,15 +197,17 @@ def test_streamed_mode_s_bad_input_is_one_line(extracted_real, tmp_path):
 
     moved = streamed_project(extracted_real, tmp_path / "moved")
     weights = moved / "models/verifier/model.safetensors"
-    data = weights.read_bytes()
+    data = bytearray(weights.read_bytes())
+    recorded = hashlib.sha256(data).hexdigest()
+    # The same shapes and size, one byte of one weight changed (a fine-tune's copy would differ more).
+    data[len(data) // 2] ^= 1
     weights.unlink()  # a hard link into the shared project: replaced, not edited
-    weights.write_bytes(data + b" ")
+    weights.write_bytes(data)
     line = _error(moved, "train")
-    size = len(data)
     assert line == (
-        f"eagle3 train: error: {moved}/models/verifier: the safetensors files' total size is not what the verifier "
-        f"stage recorded in {moved}/models/verifier/provenance.json (weight_bytes {size + 1}, recorded {size}): "
-        "another copy or revision; fetch the recorded one, or run `dvc repro --force --single-item verifier` to "
+        f"eagle3 train: error: {weights}: {len(data):,} bytes of sha256 {hashlib.sha256(data).hexdigest()}, the "
+        f"verifier stage recorded {len(data):,} bytes of sha256 {recorded} in {moved}/models/verifier/provenance.json"
+        ": another copy or revision; fetch the recorded one, or run `dvc repro --force --single-item verifier` to "
         "record this one (a plain `dvc repro` keeps the recorded one: the directory is not a DVC dependency), then "
         "`dvc repro` reruns every later stage"
     ), line

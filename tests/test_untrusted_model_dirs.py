@@ -3,6 +3,7 @@
 `weights_fingerprint`) and its tokenizer and chat template files. Each unreadable or ill-typed file is one
 Eagle3Error line naming the file and the field, never another exception. Every file is built (or broken) here."""
 
+import hashlib
 import json
 import os
 
@@ -53,7 +54,13 @@ def test_a_verifier_directory_reads_as_written(tmp_path, sharded):
     assert torch.equal(norm, torch.ones(32)) and eps == 1e-5
     described = describe_model_dir(directory, False)
     assert (described["hidden_size"], described["num_key_value_heads"], described["head_dim"]) == (32, 2, 8)
-    assert ("weight_index_sha256" if sharded else "weight_headers_sha256") in weights_fingerprint(directory)
+    fingerprint = weights_fingerprint(directory)
+    assert ("weight_index_sha256" in fingerprint) == sharded
+    # Every weight file by the sha256 of its bytes.
+    files = sorted(directory.glob("*.safetensors"))
+    assert fingerprint["weight_files"] == {
+        f.name: {"bytes": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()} for f in files
+    }
 
 
 def test_nulls_in_a_verifier_config_read_as_the_defaults(tmp_path):

@@ -88,7 +88,7 @@ def test_local_verifier_is_referenced_not_copied(verifier_project, tmp_path, mon
     provenance, embedded = _provenance(root), _provenance(verifier_project)
     assert provenance["source"] == {"kind": "local"}  # where it is belongs to the machine, not to the verifier
     assert provenance["name"] == "org/local-verifier" and provenance["license"] == "other-license"
-    for key in ("config_sha256", "tokenizer_sha256", "chat_template_sha256", "weight_headers_sha256", "hidden_size"):
+    for key in ("config_sha256", "tokenizer_sha256", "chat_template_sha256", "weights_sha256", "hidden_size"):
         assert provenance[key] == embedded[key], key
     assert verifier_dir(root) == local.resolve()
 

@@ -16,7 +16,7 @@ from eagle3.engines.vllm_env import on_cpu_build
 from eagle3.environment import capture
 from eagle3.formats.evaluation_kept import KeptItem
 from eagle3.formats.hf_config import read_config, text_config, uses_mla
-from eagle3.formats.provenance import Provenance, verifier_dir
+from eagle3.formats.provenance import Provenance, checked_verifier_dir
 from eagle3.params.evaluate import EvaluateParams
 from eagle3.paths import DRAFT_DIR
 from eagle3.precision import engine_device_type, resolve
@@ -78,7 +78,7 @@ class EngineMeasurer:
 
     def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path, template_kwargs: dict[str, Any]):
         self.config, self.draft_dir, self.template_kwargs = config, root / DRAFT_DIR, template_kwargs
-        model_dir = verifier_dir(root)
+        model_dir = checked_verifier_dir(root)
         self.mla = mla_in_vllm(model_dir, self.draft_dir)
         self.engine = evaluate_engine(config, model_dir, self.draft_dir, provenance.trust_remote_code)
 

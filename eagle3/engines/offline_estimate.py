@@ -18,7 +18,7 @@ import torch
 from eagle3.formats.eval_metrics import context_bucket, context_bucket_end
 from eagle3.formats.exported_draft import load_exported_draft
 from eagle3.formats.hf_weights import load_verifier_tensors
-from eagle3.formats.provenance import read_provenance, verifier_dir
+from eagle3.formats.provenance import checked_verifier_dir, read_provenance
 from eagle3.formats.shards import HiddenStateDataset, split_shards
 from eagle3.formats.vocab import draft_to_target
 from eagle3.modeling.ttt_alignment import shift_left, target_offset, verifier_offset
@@ -41,7 +41,7 @@ def offline_estimate(root: Path, steps: int, limits: OfflineEstimate) -> dict[st
     shards = split_shards(root, "heldout")
     draft, d2t = load_exported_draft(root / DRAFT_DIR)
     draft.to(device=device, dtype=dtype)
-    verifier = load_verifier_tensors(verifier_dir(root))
+    verifier = load_verifier_tensors(checked_verifier_dir(root))
     embed = torch.nn.Embedding.from_pretrained(verifier.pop("embed").to(device=device, dtype=dtype))
     head = verifier.pop("lm_head").to(device=device, dtype=dtype)
     targets = draft_to_target(d2t).to(device)

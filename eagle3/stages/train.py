@@ -38,7 +38,7 @@ from eagle3.formats.checkpoints import (
 )
 from eagle3.formats.hf_config import read_config
 from eagle3.formats.hf_weights import load_verifier_tensors
-from eagle3.formats.provenance import Provenance, read_provenance, verifier_dir
+from eagle3.formats.provenance import Provenance, checked_verifier_dir, read_provenance, verifier_dir
 from eagle3.formats.vocab import VocabMaps, load_vocab
 from eagle3.hashing import sha256_file
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
@@ -200,7 +200,7 @@ def set_up(
         if world.main:
             status(f"train: all {plan.total} optimizer steps already done ({checkpoint.name})")
         return None
-    verifier = load_verifier_tensors(verifier_dir(root))
+    verifier = load_verifier_tensors(checked_verifier_dir(root))
     draft = init_draft(draft_config, verifier, vocab.d2t, config.seed, config.freeze_lm_head)
     # On the device and sharded before the optimizer is made on its parameters and their state is loaded.
     objective = make_objective(draft, verifier, vocab.d2t, vocab.t2d, config, precision).to(world.device)

@@ -2,10 +2,11 @@
 
 Output: models/verifier/ holding provenance.json, plus the converted model
 files for `pypi-gguf`. A `local` verifier (the 1T model) stays where it is:
-models/verifier/ then holds only provenance.json, which records the hashes of
-its config, tokenizer, chat template and weight index (not its path: another
-machine finds the same weights elsewhere, and that must not re-run anything),
-so dvc.lock pins it without copying hundreds of GB into the DVC cache.
+models/verifier/ then holds only provenance.json, which records the sha256 of
+its config, tokenizer, chat template and every weight file's bytes (not its
+path: another machine finds the same weights elsewhere, and that must not
+re-run anything), so dvc.lock pins it without copying hundreds of GB into the
+DVC cache.
 
 provenance.json has no timestamps: rerunning the stage on the same inputs
 writes the same bytes, so downstream stages are not invalidated.
@@ -56,7 +57,8 @@ def reference_local(verifier: VerifierParams, source: LocalSource, root: Path, o
     if not model_dir.is_dir():
         raise Eagle3Error(f"{setting}: {model_dir} is not a directory; point it at the verifier's HF model directory")
     status(
-        f"referencing local verifier {model_dir} (hashing config, tokenizer and weight index; weights stay in place)"
+        f"referencing local verifier {model_dir} (hashing its config, tokenizer and every weight file's bytes; the "
+        "weights stay in place)"
     )
     provenance = Provenance(
         name=source.name,

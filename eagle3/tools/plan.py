@@ -62,17 +62,20 @@ Rates
                           SERVE_TOKENS_PER_S_PER_GPU * here gpus (an assumption the plan names)
     serve_there         = serve_here / here gpus / here tflops * there gpus * there tflops
     server_start        = weights / SERVER_LOAD_BYTES_PER_S + SERVER_WARMUP_S, unless given
+    hash                = min(sha256 bytes/s of one thread, measured here, * HASH_THREADS, SERVER_LOAD_BYTES_PER_S)
     machine_usd_per_h   = gpus * usd_per_gpu_hour
 
 Scenarios: every step of docs/hero-run.md, in its order, on the machine that takes it (rented time is what the bill
 counts; generation and, in A, extraction happen here before renting, extraction costing here_usd_per_hour, 0 for an
 owned machine). Each step's counted work (answers, turns, tokens, bytes, server starts) is in the plan beside it.
-    here   generate             = answers * answer_tokens / serve_here + server_start
+    here   verifier             = weights / hash                     (every weight file's bytes, once per machine)
+           generate             = answers * answer_tokens / serve_here + server_start
            extract_here (A)     = tokens / extract_here (+ server_start where extract.backend is vllm)
            push_hidden_states (A) = stored / remote_up                (dvc push, before renting)
     there  setup                = SETUP_S (make setup: the CUDA lock's wheels)
            gpu_check            = the sum of make gpu-check's time boxes
            fetch_weights        = weights / weights_link             (every layout: evaluation serves it there)
+           hash_weights         = weights / hash                     (the copy checked against here's record)
            ship_text            = text / remote_down                 (dvc pull)
            ship_hidden_states   = stored / remote_down               (A: dvc pull)
            preflight            = sum(preflight budgets) + server_start * (1 + extraction on vllm)
@@ -135,8 +138,11 @@ REMOTE_DOWN = "the DVC remote <-> there"
 # Assumptions for steps nothing measures before the run; each is named as one in the plan's output.
 # make setup on the rented machine: uv installs locks/cuda.txt (~6 GB of wheels) and compiles its bytecode.
 SETUP_S = 15 * 60
-# A server's start: its weights read from a local NVMe disk (~2 GB/s), then CUDA graphs and the KV cache.
+# A server's start: its weights read from a local NVMe disk (~2 GB/s), then CUDA graphs and the KV cache. Hashing the
+# weights (eagle3/formats/weight_hashes.py, up to 16 threads) reads them at that rate too, unless the CPU's sha256 is
+# slower (the plan measures it on this machine).
 SERVER_LOAD_BYTES_PER_S = 2 * GB
+HASH_THREADS = 16
 SERVER_WARMUP_S = 60
 # Output tokens/s a `vllm serve` of a large MoE verifier gives per GPU at a few hundred requests in flight.
 SERVE_TOKENS_PER_S_PER_GPU = 250.0
@@ -195,6 +201,7 @@ class Rates:
     serve_here_tokens_per_s: float
     serve_there_tokens_per_s: float
     server_start_s: float
+    hash_bytes_per_s: float
     machine_usd_per_hour: float
     usd_per_s: float = field(metadata=NOT_IN_JSON)  # P: what the formulas bill by
 
@@ -235,6 +242,7 @@ def compute_rates(inputs: Inputs) -> Rates:
         serve_here_tokens_per_s=serve_here,
         serve_there_tokens_per_s=serve_here / here.gpus / here.tflops * there.gpus * there.tflops,
         server_start_s=server_start,
+        hash_bytes_per_s=min(inputs.sha256_bytes_per_s * HASH_THREADS, SERVER_LOAD_BYTES_PER_S),
         machine_usd_per_hour=usd_per_s * 3600,
         usd_per_s=usd_per_s,
     )
@@ -433,7 +441,10 @@ def run_steps(inputs: Inputs, sizes: Sizes, rates: Rates, layout: str) -> list[S
     weights_link = rates.weights_link_bytes_per_s
     on_vllm = 1 if work.extract_on_vllm else 0
     generated = work.answers * work.answer_tokens
+    weights = sizes.verifier_weights_bytes
+    hashing = f"{size(weights)} of weights, every byte once on this machine"
     steps = [
+        Step("here", "verifier", weights / rates.hash_bytes_per_s, hashing, {"bytes": weights}, sources["hash"]),
         Step(
             "here",
             "generate",
@@ -442,7 +453,7 @@ def run_steps(inputs: Inputs, sizes: Sizes, rates: Rates, layout: str) -> list[S
             f"({work.answer_tokens_source}); 1 start of the verifier",
             {"answers": work.answers, "tokens": generated, "server_starts": 1},
             sources["serve"],
-        )
+        ),
     ]
     up, down = rates.remote_up_bytes_per_s, rates.remote_down_bytes_per_s
     if layout == "A":
@@ -465,6 +476,7 @@ def run_steps(inputs: Inputs, sizes: Sizes, rates: Rates, layout: str) -> list[S
             weights_link,
             weights_source,
         ),
+        Step("there", "hash_weights", weights / rates.hash_bytes_per_s, hashing, {"bytes": weights}, sources["hash"]),
         _transfer("there", "ship_text", _measured("prompts and answers", work.text_bytes), text, down, REMOTE_DOWN),
     ]
     if layout == "A":

@@ -272,6 +272,7 @@ def render(plan: Plan) -> None:
         ("serving here (generate)", f"{rates.serve_here_tokens_per_s:,.0f} tokens/s", sources["serve"]),
         ("serving there (evaluate)", f"{rates.serve_there_tokens_per_s:,.0f} tokens/s", sources["serve_there"]),
         ("a start of the verifier", duration(rates.server_start_s), sources["server_start"]),
+        ("hashing the weights", f"{rates.hash_bytes_per_s / 1e9:.2f} GB/s", sources["hash"]),
         ("DVC cache link", inputs.cache_link, sources["cache_link"]),
     ]
     table = Table(title="Rates and machines", title_justify="left")

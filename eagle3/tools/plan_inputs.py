@@ -4,6 +4,7 @@ error line naming its flag, and each input that was not given says its source (`
 mislead (`Inputs.warnings`)."""
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import DraftLayout, TrainParams, draft_settings
 from eagle3.paths import EXTRACT_METRICS, PROVENANCE, VERIFIER_DIR
 from eagle3.tools.dvc_config import cache_option, usable_cache_link
+from eagle3.tools.plan import HASH_THREADS, SERVER_LOAD_BYTES_PER_S
 from eagle3.tools.plan_config import FINAL_LAYERS, Configured
 from eagle3.tools.plan_config import apply as apply_configuration
 from eagle3.tools.plan_flags import validate_args
@@ -66,6 +68,20 @@ def machines(
     there = Machine(args.gpu, args.gpus, args.gpu_tflops or gpu.bf16_tflops, usd, there_disk)
     here = Machine(args.here_gpu, args.here_gpus, GPUS[args.here_gpu].bf16_tflops, 0.0, here_disk)
     return there, here
+
+
+def sha256_bytes_per_s() -> float:
+    """sha256 over 64 MiB in memory on one thread of this machine, the fastest of three passes."""
+    import hashlib
+    import time
+
+    data = bytes(64 << 20)
+    fastest = math.inf
+    for _ in range(3):
+        started = time.perf_counter()
+        hashlib.sha256(data).digest()
+        fastest = min(fastest, time.perf_counter() - started)
+    return len(data) / fastest
 
 
 def here_disk_default(weights_bytes: float | None) -> tuple[float, str]:
@@ -378,6 +394,11 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         if args.remote_down_gbit is not None
         else (reached, "assumed: the link (--remote-down-gbit)")
     )
+    sha256_rate = sha256_bytes_per_s()
+    sources["hash"] = (
+        f"sha256 at {sha256_rate / 1e6:,.0f} MB/s a thread (measured here), {HASH_THREADS} threads, at most the disk's "
+        f"{SERVER_LOAD_BYTES_PER_S / 1e9:g} GB/s (assumed)"
+    )
     draft, sources["draft"] = draft_for(verifier, args.draft_vocab, shape, args.layers - FINAL_LAYERS)
     optimizer_step_flops = draft.newton_schulz_flops if there_preflight.optimizer_step_s is None else 0.0
     samples_per_step = float(args.batch_size)
@@ -399,6 +420,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         weights_link_gbit=args.weights_link_gbit or link.gbit,
         remote_up_gbit=remote_up,
         remote_down_gbit=remote_down,
+        sha256_bytes_per_s=sha256_rate,
         there=there,
         here=here,
         here_share=args.here_share,

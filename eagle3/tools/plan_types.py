@@ -197,6 +197,8 @@ class Inputs:
     # The DVC remote's speeds, Gbit/s as reached (no efficiency applied): here -> remote, and the rented machine's.
     remote_up_gbit: float
     remote_down_gbit: float
+    # sha256 over a buffer in memory on one thread of this machine: how fast the weights' identity is hashed.
+    sha256_bytes_per_s: float
     there: Machine
     here: Machine
     here_share: float

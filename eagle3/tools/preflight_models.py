@@ -69,8 +69,8 @@ def check_verifier(context: Context, item: Item) -> None:
         identity_checked=list(fields),
     )
     item.how["identity_checked"] = (
-        f"eagle3/formats/provenance.py's description of the directory ({time.perf_counter() - started:.1f} s) "
-        "against models/verifier/provenance.json"
+        f"eagle3/formats/provenance.py's description of the directory, every weight file's bytes hashed (or unchanged "
+        f"since hashed on this machine; {time.perf_counter() - started:.1f} s) against models/verifier/provenance.json"
     )
     if changed:
         raise Fix(
