@@ -1,4 +1,4 @@
-"""Extract's shard writing beside the engine (a writing thread, eagle3/stages/extract.py `_write_shards`) against
+"""Extract's shard writing beside the engine (a writing thread, eagle3/stages/extract.py `write_shards`) against
 writing in the engine's loop (what the stage did before: each sample compressed and written between forward
 passes), same samples, same ShardWriter, one process.
 
@@ -29,7 +29,8 @@ from eagle3.chat.token_layout import Sequence  # noqa: E402
 from eagle3.engines.hidden_states.batching import in_plan_order, part_batches  # noqa: E402
 from eagle3.formats.shards import ShardMeta, ShardWriter  # noqa: E402
 from eagle3.params.extract import ExtractParams  # noqa: E402
-from eagle3.stages.extract import Extracted, PartPlan, ShardPlan, _write_shards  # noqa: E402
+from eagle3.environment import EnvironmentLog  # noqa: E402
+from eagle3.stages.extract import PartPlan, ShardPlan, ShardSink, write_shards  # noqa: E402
 
 LAYERS = (2, 15, 27, 30)
 
@@ -57,7 +58,8 @@ class SleepingEngine:
 
 
 def in_the_loop(backend, out: Path, plan: PartPlan, meta: ShardMeta, config: ExtractParams) -> None:
-    """The previous _write_shards: every sample compressed and written before the next forward pass may start."""
+    """What the stage did before write_shards: every sample compressed and written before the next forward pass may
+    start."""
     sequences = [sequence for shard in plan.shards for sequence in shard.sequences]
     owner = [shard for shard in plan.shards for _ in shard.sequences]
     batches = part_batches([shard.sequences for shard in plan.shards], config.batch_tokens, backend.pads_batches)
@@ -99,8 +101,8 @@ def main() -> None:
     plan = PartPlan(part, shards, Counter())
     arms = {
         "in the loop": lambda backend, out: in_the_loop(backend, out, plan, meta, config),
-        "beside": lambda backend, out: _write_shards(
-            backend, out, plan, shards, meta, config, lambda shard: None, Extracted()
+        "beside": lambda backend, out: write_shards(
+            backend, ShardSink(out, meta, config, EnvironmentLog(out, {})), plan, shards
         ),
     }
     results, digests = {}, {}

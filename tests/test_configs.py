@@ -84,7 +84,7 @@ def test_init_writes_the_file_with_its_comments_and_only_the_layout_keys_differ(
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("params.yaml: the kimi-k2.5 configuration, layout C, on NVIDIA H200 SXMs")
     written = (tmp_path / "params.yaml").read_text()
-    # An H200 cannot hold the verifier's 75 GB of weights per GPU beside the trainer's 85 GB peak: the verifier
+    # An H200 cannot hold the verifier's 75 GB of weights per GPU beside the trainer's 81 GB peak: the verifier
     # sleeps while the trainers train, in phases of the 6 steps of 9.4 GB that 64 GB of buffer holds.
     assert _changed(written) == [
         "gpu_memory_utilization: 0.64",
@@ -94,7 +94,7 @@ def test_init_writes_the_file_with_its_comments_and_only_the_layout_keys_differ(
         "gpu: h200",
         "draft_repo: org/Kimi-K2.5-eagle3",
     ]
-    assert "# layout C on h200, phases: 90 GB awake + trainer at rest 27, then trainer 85 GB: 117 of 141 GB" in written
+    assert "# layout C on h200, phases: 90 GB awake + trainer at rest 23, then trainer 81 GB: 113 of 141 GB" in written
     checked = _check(tmp_path)
     assert checked.returncode == 0, checked.stderr
     assert "GPU memory with streamed states: phases" in checked.stderr

@@ -183,7 +183,7 @@ def test_objective_equals_the_plain_computation_it_replaced(monkeypatch, precisi
     for plain in (False, True):
         draft = tiny_draft()
         objective = _objective(draft)
-        probs, top1, masks = objective.targets(batch)
+        (probs, top1), masks = objective.distribution(batch), objective.counted(batch)
         counts = torch.stack([m.sum() for m in masks]).float()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
             if plain:
@@ -212,7 +212,7 @@ def test_activation_checkpointing_gives_the_same_gradients_from_less_kept_memory
     for recompute in ("off", "mlp", "full"):
         draft = tiny_draft()
         objective = _objective(draft, recompute)
-        probs, top1, masks = objective.targets(batch)
+        (probs, top1), masks = objective.distribution(batch), objective.counted(batch)
         counts = torch.stack([m.sum() for m in masks]).float()
         existing = [*objective.parameters(), *objective.buffers(), *batch.values(), probs, top1, *masks, counts]
         with PeakBytes(existing) as meter:

@@ -74,27 +74,39 @@ def _newton_schulz(m: int, n: int) -> int:
     return 5 * (2 * m * m * n + 2 * m**3 + 2 * m * m * n)
 
 
-# The built-in optimizer, muon, orthogonalises each of the draft's matrices once per optimizer step on every GPU:
-# fc, q/k/v (64 heads x 128 over the embedding and the hidden state), o, and the MLP's three.
+# The shipped configuration's optimizer, muon, orthogonalises each of the draft's matrices once per optimizer step on
+# every GPU: fc, q/k/v (64 heads x 128 over the embedding and the hidden state), o, and the MLP's three.
 NEWTON_SCHULZ = (
     _newton_schulz(7168, 21504) + 3 * _newton_schulz(8192, 14336) + _newton_schulz(7168, 8192)
 ) + 3 * _newton_schulz(7168, 18432)
 MUON_STEP_S = NEWTON_SCHULZ / (2250e12 * 0.5)  # 0.16 s at half of a B200's dense bf16 peak
-# 4 epochs of 3000 samples, 16 per optimizer step (the built-in batch size).
-TRAIN_S = 4 * TOKENS / TRAIN_B200 + 4 * 3000 / 16 * MUON_STEP_S  # 1,514 s + 120 s
-DRAFT = 10 * 7168**2 + 3 * 7168 * 18432 + 32000 * 7168  # 1,139,621,888
-CHECKPOINTS = DRAFT * 12 * 3
-# The draft the trainer actually builds for Kimi-K2.5: 64 heads x 128 (MLA), more than DRAFT's 10 H^2 assumes.
-TRAINED_PARAMS = 1_190_948_864
-LINK = 5e9 * 0.8 / 8  # 5e8 B/s
+# 4 epochs of 3000 samples; an optimizer step takes the shipped 163,840-token budget: 10 samples of 16,384.
+TRAIN_S = 4 * TOKENS / TRAIN_B200 + 4 * 3000 / 10 * MUON_STEP_S  # 1,514 s + 192 s
+# The draft the trainer builds for Kimi-K2.5 (its config's attention is MLA: the draft gets 64 heads x 128) with the
+# shipped EAGLE 3.1 layout: fc 3H x H, q/k/v 2H -> 8192, o, the MLP, the head, and the layout's norms.
+H, I, Q = 7168, 18432, 8192
+DRAFT = 3 * H * H + 3 * 2 * H * Q + Q * H + 3 * H * I + 32000 * H + 7 * H  # 1,190,970,368
+assert DRAFT == 1_190_970_368
+# One checkpoint: the draft in fp32 and its aux-scale buffer (3H), Muon's momentum for every matrix but the head,
+# AdamW's two moments and a step count for the head and the 7 norms; the shipped configuration keeps 2.
+MATRICES = DRAFT - 32000 * H - 7 * H
+CHECKPOINT = 4 * DRAFT + 4 * 3 * H + 4 * MATRICES + 8 * (32000 * H + 7 * H) + 4 * 8
+CHECKPOINTS = CHECKPOINT * 2
+TRAINED_PARAMS = DRAFT
+LINK = 5e9 * 0.8 / 8  # 5e8 B/s; the DVC remote's speeds are assumed to be the link's
 USD_PER_S = 8 * 5.0 / 3600
 # The runbook's steps the formulas add (eagle3/tools/plan.py): a start of the verifier (its 600 GB at 2 GB/s + 1
-# min), preflight (its items' budgets and two engine starts: serving, and extraction on vLLM), setup and gpu-check.
+# min), preflight (its items' budgets and two engine starts: serving, and extraction on vLLM), setup and gpu-check
+# (the sum of its time boxes), hashing the weights once on each machine (600 GB at the disk's 2 GB/s).
 START = 600e9 / 2e9 + 60  # 360 s
+HASH = 600e9 / 2e9
 PREFLIGHT = 6 + 20 + 30 + 20 + 20 + 20 + 10 + 2 * START
-# Rented in every layout: setup, gpu-check, the weights (every layout evaluates there), the text, preflight, the
-# checkpoints sent back (no params file: no evaluation is priced).
-EVERY_LAYOUT = 900 + 540 + 600e9 / LINK + TEXT / LINK + PREFLIGHT + CHECKPOINTS / LINK
+GPU_CHECK = 120 + 90 + 180 + 75 + 240 + 150
+# Rented in every layout: setup, gpu-check, the weights (every layout evaluates there) and their hash, the text,
+# preflight, the checkpoints sent back (no params file: no evaluation is priced).
+EVERY_LAYOUT = 900 + GPU_CHECK + 600e9 / LINK + HASH + TEXT / LINK + PREFLIGHT + CHECKPOINTS / LINK
+# Here's disk: 3 TB less the verifier's 600 GB kept on it.
+HERE_DISK = 3e12 - 600e9
 
 
 def test_seed_case_kimi(tmp_path):
@@ -115,19 +127,27 @@ def test_seed_case_kimi(tmp_path):
     a, b, c = (plan["scenarios"][k] for k in "ABC")
     common = {
         "setup": 900,
-        "gpu_check": 540,
+        "gpu_check": GPU_CHECK,
         "fetch_weights": 1200,
+        "hash_weights": HASH,
         "ship_text": TEXT / LINK,
         "preflight": PREFLIGHT,
         "train": TRAIN_S,
         "push_results": CHECKPOINTS / LINK,
     }
     assert a["rented_steps_s"] == pytest.approx({**common, "ship_hidden_states": STORED / LINK})
-    # Here, before renting: 3,000 answers of 16,384 tokens at the assumed 250 tokens/s per GPU of 8 (no params file:
-    # one answer per sample), and one start of the verifier.
+    # Here, before renting: the weights hashed, 3,000 answers of 16,384 tokens at the assumed 250 tokens/s per GPU of
+    # 8 (no params file: one answer per sample), and one start of the verifier; in A the states extracted and pushed.
     generate = 3000 * 16384 / 2000 + START
-    assert a["here_steps_s"] == pytest.approx({"generate": generate, "extract_here": TOKENS / EXTRACT_H200_NVL + START})
-    assert b["here_steps_s"] == pytest.approx({"generate": generate})
+    assert a["here_steps_s"] == pytest.approx(
+        {
+            "verifier": HASH,
+            "generate": generate,
+            "extract_here": TOKENS / EXTRACT_H200_NVL + START,
+            "push_hidden_states": STORED / LINK,
+        }
+    )
+    assert b["here_steps_s"] == pytest.approx({"verifier": HASH, "generate": generate})
     assert b["rented_steps_s"] == pytest.approx({**common, "extract": TOKENS / EXTRACT_B200 + START})
     assert c["rented_steps_s"]["verifier_forward_all_epochs"] == pytest.approx(4 * TOKENS / EXTRACT_B200 + START)
     assert b["rented_s"] == pytest.approx(EVERY_LAYOUT + TOKENS / EXTRACT_B200 + START + TRAIN_S)  # 1.7 h
@@ -148,8 +168,9 @@ def test_seed_case_kimi(tmp_path):
     assert b["disk"]["there"]["bytes"] == pytest.approx((600e9 + TEXT + STORED + CHECKPOINTS) * 1.2)  # 3.06 TB
     # Streamed (C): no states on disk, only the buffer (--stream-buffer-gb, 64 GB by default).
     assert c["disk"]["there"]["bytes"] == pytest.approx((600e9 + TEXT + CHECKPOINTS + 64e9) * 1.2)
-    # Here is the 3 TB volume: (3e12 / 1.2) / ((57,344 / 1.476 + 4) x 16,384) = 3,927 samples fit for A.
-    assert a["disk"]["here"]["fits"] and a["disk"]["here"]["largest_samples"] == 3927
+    # Here is the 3 TB volume less the weights: (2.4e12 / 1.2) / ((57,344 / 1.476 + 4) x 16,384) = 3,141 samples.
+    assert a["disk"]["here"]["fits"] and a["disk"]["here"]["largest_samples"] == 3141
+    assert math.floor(HERE_DISK / 1.2 / ((57_344 / 1.476 + 4) * 16384)) == 3141
     assert a["disk"]["there"]["budget_tb"] is None and a["disk"]["there"]["largest_samples"] is None
     # Break-even: (F_B - F_A) / (a - b): both fetch the weights; B starts an engine to extract on vLLM.
     per_a = 57_344 / 1.476 / LINK * USD_PER_S
@@ -163,42 +184,50 @@ def test_seed_case_kimi(tmp_path):
     # Largest run: B and C are bound by the 18 h, A by the 3 TB here. Each is linear in samples: the rented time
     # without any (the fixed steps) plus a sample's shipping, extraction and training.
     fixed = EVERY_LAYOUT - TEXT / LINK + START
-    # rented seconds per sample, a 16th of an optimizer step in each epoch among them
-    per_b = 16384 * (4 / LINK + 1 / EXTRACT_B200 + 4 / TRAIN_B200) + 4 / 16 * MUON_STEP_S
-    per_c = 16384 * (4 / LINK + 4 / EXTRACT_B200 + 4 / TRAIN_B200) + 4 / 16 * MUON_STEP_S  # a forward every epoch
+    # rented seconds per sample, a 10th of an optimizer step in each epoch among them
+    per_b = 16384 * (4 / LINK + 1 / EXTRACT_B200 + 4 / TRAIN_B200) + 4 / 10 * MUON_STEP_S
+    per_c = 16384 * (4 / LINK + 4 / EXTRACT_B200 + 4 / TRAIN_B200) + 4 / 10 * MUON_STEP_S  # a forward every epoch
     largest = plan["largest_runs"]
-    assert largest["A"]["samples"] == 3927 and largest["A"]["bounded_by"] == "disk here"
+    assert largest["A"]["samples"] == 3141 and largest["A"]["bounded_by"] == "disk here"
     assert largest["A"]["disk_there_bytes"] == pytest.approx(
-        (600e9 + 3927 * 16384 * (57_344 / 1.476 + 4) + CHECKPOINTS) * 1.2
+        (600e9 + 3141 * 16384 * (57_344 / 1.476 + 4) + CHECKPOINTS) * 1.2
     )
+    most_b = math.floor((18 * 3600 - fixed) / per_b)
     assert largest["B"]["limits"] == {
         "budget usd": math.floor((900 / USD_PER_S - fixed) / per_b),
-        "budget hours": math.floor((18 * 3600 - fixed) / per_b),  # 77,789
-        "disk here": math.floor(3e12 / 1.2 / (4 * 16384)),
+        "budget hours": most_b,
+        "disk here": math.floor(HERE_DISK / 1.2 / (4 * 16384)),
     }
-    assert largest["B"]["bounded_by"] == "budget hours" and largest["B"]["samples"] == 77_789
-    assert largest["C"]["samples"] == math.floor((18 * 3600 - fixed) / per_c) == 40_704
+    assert largest["B"]["bounded_by"] == "budget hours" and largest["B"]["samples"] == most_b
+    most_c = math.floor((18 * 3600 - fixed) / per_c)
+    assert largest["C"]["samples"] == most_c
     assert largest["B"]["disk_there_bytes"] == pytest.approx(
-        (600e9 + CHECKPOINTS + 77_789 * 16384 * (4 + 57_344 / 1.476)) * 1.2
+        (600e9 + CHECKPOINTS + most_b * 16384 * (4 + 57_344 / 1.476)) * 1.2
     )
 
-    disk, decision, budget, most = plan["answer"]
+    recommended, disk, decision, budget, most = plan["answer"]
+    assert (most_b, most_c) == (74_762, 39_682)
     assert most == (
-        "Largest run within the given budgets and disks, in samples of this length: A 3,927 (disk here; the rented "
-        "machine's disk then needs 3.77 TB), B 77,789 (budget hours; the rented machine's disk then needs 60.19 TB), "
-        "C 40,704 (budget hours; the rented machine's disk then needs 849.2 GB)."
+        "Largest run within the given budgets and disks, in samples of this length: A 3,141 (disk here; the rented "
+        "machine's disk then needs 3.14 TB), B 74,762 (budget hours; the rented machine's disk then needs 57.86 TB), "
+        "C 39,682 (budget hours; the rented machine's disk then needs 825.0 GB)."
     )
-    assert largest["C"]["disk_there_bytes"] == pytest.approx((600e9 + CHECKPOINTS + 64e9 + 40_704 * 16384 * 4) * 1.2)
+    assert largest["C"]["disk_there_bytes"] == pytest.approx((600e9 + CHECKPOINTS + 64e9 + most_c * 16384 * 4) * 1.2)
+    # The answer first, in words, with the command that sets the params for it.
+    assert recommended == (
+        "Recommended: layout B (extract on the rented machine): 1.9 h rented, $77; `eagle3 init kimi-k2.5 --layout B "
+        "--gpu b200` sets a shipped configuration for it."
+    )
     assert disk.startswith(
-        "Disk: the rented machine needs 3.06 TB to extract there (B), 3.06 TB to receive shipped hidden states (A), "
-        "or 846.3 GB to stream them (C, 64 GB of buffer)"
+        "Disk: the rented machine needs 3.04 TB to extract there (B), 3.04 TB to receive shipped hidden states (A), "
+        "or 822.1 GB to stream them (C, 64 GB of buffer)"
     )
-    assert "here A needs 2.29 TB of 3 TB" in disk and "hardlink" in disk
+    assert "here A needs 2.29 TB of 2.4 TB" in disk and "hardlink" in disk
     assert decision.startswith(
-        "Extract on the rented machine (B): 1.7 h rented, $70 (ship 1.91 TB over 4.00 Gbit/s (A): 2.5 h, $100; "
-        "stream there (C): 2.3 h, $93); between A and B, shipping is cheaper below 348 samples"
+        "Extract on the rented machine (B): 1.9 h rented, $77 (ship 1.91 TB through the DVC remote at 4.00 Gbit/s "
+        "(A): 2.7 h, $107; stream there (C): 2.5 h, $101); between A and B, shipping is cheaper below 348 samples"
     )
-    assert budget == "Budget (B, training included): $70 is below $180-900; 1.7 h is below 6-18 h."
+    assert budget == "Budget (B, training included): $77 is below $180-900; 1.9 h is below 6-18 h."
     warnings = " ".join(plan["warnings"])
     assert "measured on HuggingFaceTB/SmolLM2-135M-Instruct's states, not moonshotai/Kimi-K2.5's" in warnings
     assert "cache.type hardlink,symlink" in warnings
@@ -214,8 +243,9 @@ def test_seed_case_kimi(tmp_path):
         assert setting["at_max_tokens_bytes"] == pytest.approx(at_16k) and setting["fits"] == (at_16k <= 180e9)
         assert setting["longest_tokens"] == int((180e9 - line["fixed_bytes"]) // line["bytes_per_token"])
         assert setting["resting_bytes"] == line["fixed_bytes"]
-    # Recompute trades memory per token for compute; what every setting holds (weights, AdamW, DDP's gradient
-    # copy: 16 B per parameter; the verifier's bf16 embedding and head rows) is the same.
+    # Recompute trades memory per token for compute; what every setting holds (weights, gradients, DDP's copy of them
+    # and Muon's momentum, AdamW's two moments for the head: ~16 B per parameter; the verifier's bf16 embedding and
+    # head rows) is the same.
     per_token = [line["bytes_per_token"] for line in lines.values()]
     assert per_token == sorted(per_token, reverse=True) and per_token[-1] < 0.5 * per_token[0]
     fixed = TRAINED_PARAMS * 16 + (163840 + 32000) * 7168 * 2
@@ -226,7 +256,9 @@ def test_seed_case_kimi(tmp_path):
     table = eagle3(tmp_path, "plan", *SEED).stdout
     assert table.index("Disk: the rented machine") < table.index("Sizes")
     assert "57,344 B" in table and "2.82 TB" in table and "* B" in table
-    assert "The run in layout B, step by step (docs/hero-run.md): 1.7 h rented, $70" in table
+    assert "The run in layout B, step by step (docs/hero-run.md): 1.9 h rented, $77" in table
+    # The draft's size is the trainer's, to the parameter.
+    assert f"{DRAFT:,} parameters in fp32 and muon's state) x 2 kept" in table
     assert "Training memory per NVIDIA B200 SXM (180 GB;" in table
     longest = memory["settings"]["full"]["longest_tokens"]
     assert f"{longest:,} tokens" in table
@@ -234,14 +266,14 @@ def test_seed_case_kimi(tmp_path):
 
 def test_training_memory_names_the_setting_that_fits_or_the_longest_sample(tmp_path):
     lines = _plan(tmp_path, *SEED, "--compression-ratio", "1.5")["inputs"]["train_memory"]["lines"]
-    at = {name: line["fixed_bytes"] + line["bytes_per_token"] * 32768 for name, line in lines.items()}
-    # An H100's 80 GB: 32K tokens need more than that with recompute off, less with the MLP recomputed.
+    at = {name: line["fixed_bytes"] + line["bytes_per_token"] * 28672 for name, line in lines.items()}
+    # An H100's 80 GB: 28K tokens need more than that with recompute off, less with the MLP recomputed.
     assert at["off"] > 80e9 >= at["mlp"], at
-    warnings = _plan(tmp_path, *SEED, "--compression-ratio", "1.5", "--gpu", "h100", "--max-tokens", "32768")[
+    warnings = _plan(tmp_path, *SEED, "--compression-ratio", "1.5", "--gpu", "h100", "--max-tokens", "28672")[
         "warnings"
     ]
     (warning,) = [w for w in warnings if "activation_checkpointing" in w]
-    assert warning.startswith(f"32,768 tokens per training process need {at['off'] / 1e9:,.0f} GB per GPU")
+    assert warning.startswith(f"28,672 tokens per training process need {at['off'] / 1e9:,.0f} GB per GPU")
     assert f"set it to mlp ({at['mlp'] / 1e9:,.0f} GB, estimated)" in warning
     # 64K tokens do not train there at all; the longest that does with full recompute is (80 GB - fixed) / per token.
     full = lines["full"]
@@ -254,9 +286,12 @@ def test_training_memory_names_the_setting_that_fits_or_the_longest_sample(tmp_p
         "do not train on one NVIDIA H100 SXM (80 GB, 8 x ddp) even with train.activation_checkpointing: full" in warning
     )
     assert warning.endswith(f"the longest that does is {longest:,} tokens")
-    # FSDP over the 8 GPUs: each holds an eighth of the weights and AdamW state (12 B per parameter) and no
-    # gradient copy, but gathers the whole weights for the step: 7/8 x 12 B per parameter less than DDP.
-    sharded = _plan(tmp_path, *SEED, "--compression-ratio", "1.5", "--sharding", "fsdp")["train_memory"]["settings"]
+    # FSDP over the 8 GPUs (with AdamW: Muon needs whole matrices): each holds an eighth of the weights and AdamW
+    # state (12 B per parameter) and no gradient copy, but gathers the whole weights for the step: 7/8 x 12 B per
+    # parameter less than DDP with AdamW.
+    adamw = ("--compression-ratio", "1.5", "--optimizer", "adamw")
+    lines = _plan(tmp_path, *SEED, *adamw)["inputs"]["train_memory"]["lines"]
+    sharded = _plan(tmp_path, *SEED, *adamw, "--sharding", "fsdp")["train_memory"]["settings"]
     for name, line in lines.items():
         saved = line["fixed_bytes"] + line["bytes_per_token"] * 16384 - sharded[name]["at_max_tokens_bytes"]
         assert saved == pytest.approx(7 / 8 * 12 * TRAINED_PARAMS, rel=1e-3), name
@@ -356,103 +391,124 @@ def test_every_formula_against_hand_computation(tmp_path):
     }
     plan = _plan(tmp_path, *(part for pair in flags.items() for part in pair))
     assert plan["inputs"]["verifier"]["hidden_size"] == 1000 and plan["verifier_weights_bytes"] == 1e10
-    # A config without attention heads shapes no draft: the plan says so instead of a training-memory figure.
-    assert plan["train_memory"]["settings"] is None and plan["train_memory"]["source"] == (
-        "not estimated: verifier config.json: missing 'num_attention_heads', needed to shape the draft"
-    )
+    # A config without attention heads: the draft (and its memory) is built with heads of 128 assumed, or the largest
+    # even size below that divides the hidden size: 10 of 100; and the shipped EAGLE 3.1 layout (a norm per captured
+    # layer before fc).
+    assert plan["inputs"]["sources"]["draft"].endswith("(10 heads of 100 assumed: the verifier's config gives none)")
+    assert plan["train_memory"]["settings"] is not None
     assert plan["tokens"] == 100_000
     assert plan["bytes_per_token"] == 8_000  # 4 x 1000 x 2
     assert plan["hidden_states"] == {"raw_bytes": 8e8, "stored_bytes": 4e8, "largest_sample_bytes": 1.6e7}
     assert plan["text_bytes"] == 4e5
-    assert plan["draft_params"] == 23_000_000  # 10 x 1000^2 + 3 x 1000 x 4000 + 1000 x 1000
-    assert plan["checkpoints_bytes"] == 552_000_000  # x 12 B x 2 kept
+    # fc 3H x H; q, k, v from 2H to 10 x 100; o back; the gated MLP; the head (draft vocab 1000); 7 norms of H.
+    matrices = 3 * 1000 * 1000 + 3 * 2000 * 1000 + 1000 * 1000 + 3 * 1000 * 4000
+    head_and_norms = 1000 * 1000 + 7 * 1000
+    assert plan["draft_params"] == matrices + head_and_norms == 23_007_000
+    # A checkpoint (Muon, the shipped optimizer): fp32 weights and fc's input scale (3H), Muon's momentum per matrix,
+    # AdamW's two moments and step count for the head and each norm; 2 kept.
+    checkpoint = 4 * (matrices + head_and_norms) + 4 * 3000 + 4 * matrices + 8 * head_and_norms + 4 * 8
+    assert plan["checkpoints_bytes"] == 2 * checkpoint == 376_192_064
     rates = plan["rates"]
     assert rates["link_bytes_per_s"] == 5e8 and rates["weights_link_bytes_per_s"] == 1e9  # x 0.5 / 8
+    # The DVC remote's speeds, not given: the link's.
+    assert rates["remote_up_bytes_per_s"] == rates["remote_down_bytes_per_s"] == 5e8
+    assert rates["hash_bytes_per_s"] == 2e9  # the disk's, below 16 threads of sha256
     assert rates["machine_usd_per_hour"] == 12.0 and rates["train_tokens_per_s"] == 2000  # 4 GPUs x 500
     # Serving there: here's 1000 tokens/s per GPU and TFLOP/s (8 x 836), on 4 x 989.
     assert rates["serve_here_tokens_per_s"] == 1000 and rates["server_start_s"] == 60
     assert rates["serve_there_tokens_per_s"] == pytest.approx(1000 / 8 / 836 * 4 * 989)
 
     a, b, c = (plan["scenarios"][k] for k in "ABC")
-    # setup 900, gpu-check 540 (assumed); weights 1e10 / 1e9; text 4e5 / 5e8; preflight: its budgets (126 s) and
-    # two starts (serving; extraction on vLLM: no params, so the hero's backend); train 2 epochs x 1e5 / 2000; the
-    # checkpoints 5.52e8 / 5e8; no params: no evaluation priced, no held-out tokens to estimate from.
+    # setup 900, gpu-check 855 (the sum of its boxes); weights 1e10 / 1e9, hashed at 2e9; text 4e5 / 5e8;
+    # preflight: its budgets (126 s) and two starts (serving; extraction on vLLM: no params, so the hero's backend);
+    # train 2 epochs x 1e5 / 2000 plus 2 x 100 / 16 Muon steps; the checkpoints / 5e8; no params: no evaluation
+    # priced, no held-out tokens to estimate from.
+    muon = plan["rates"]["optimizer_step_s"]
     every = {
         "setup": 900,
-        "gpu_check": 540,
+        "gpu_check": 855,
         "fetch_weights": 10,
+        "hash_weights": 5,
         "ship_text": 8e-4,
         "preflight": 246,
-        "train": 100,
-        "push_results": 1.104,
+        "train": 100 + 2 * 100 / 16 * muon,
+        "push_results": 2 * checkpoint / 5e8,
     }
+    rented = sum(every.values())
     assert a["rented_steps_s"] == pytest.approx({**every, "ship_hidden_states": 0.8})  # 4e8 / 5e8
-    # Here: 100 answers x 1000 tokens / 1000 tokens/s + a start; extraction 1e5 / 2e4 + a start.
-    assert a["here_steps_s"] == {"generate": 160, "extract_here": 65}
-    assert a["rented_s"] == pytest.approx(1797.9048) and a["wall_s"] == pytest.approx(1797.9048 + 225)
-    assert a["cost_usd"] == pytest.approx(1797.9048 * 12 / 3600 + 65 * 6 / 3600)  # rented + extraction here
+    # Here: the weights hashed; 100 answers x 1000 tokens / 1000 tokens/s + a start; extraction 1e5 / 2e4 + a start;
+    # the states pushed to the remote, 4e8 / 5e8.
+    assert a["here_steps_s"] == pytest.approx(
+        {"verifier": 5, "generate": 160, "extract_here": 65, "push_hidden_states": 0.8}
+    )
+    assert a["rented_s"] == pytest.approx(rented + 0.8) and a["wall_s"] == pytest.approx(rented + 0.8 + 230.8)
+    assert a["cost_usd"] == pytest.approx((rented + 0.8) * 12 / 3600 + 65 * 6 / 3600)  # rented + extraction here
     assert b["rented_steps_s"] == pytest.approx({**every, "extract": 61})  # 1e5 / 1e5 + a start
-    assert b["cost_usd"] == pytest.approx(1858.1048 * 12 / 3600)
-    assert c["rented_s"] == pytest.approx(1859.1048)  # two epochs of the verifier forward + a start
+    assert b["cost_usd"] == pytest.approx((rented + 61) * 12 / 3600)
+    assert c["rented_s"] == pytest.approx(rented + 62)  # two epochs of the verifier forward + a start
     # A copying DVC cache stores every tracked output twice; the verifier's weights are not tracked.
-    assert a["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 4e8 + 5.52e8) * 2) * 1.25)
+    checkpoints = 2 * checkpoint
+    assert a["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 4e8 + checkpoints) * 2) * 1.25)
     assert a["disk"]["here"]["bytes"] == pytest.approx((4e8 + 4e5) * 2 * 1.25)
-    assert b["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 4e8 + 5.52e8) * 2) * 1.25)
-    assert c["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 5.52e8) * 2 + 1e9) * 1.25)
+    assert b["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + 4e8 + checkpoints) * 2) * 1.25)
+    assert c["disk"]["there"]["bytes"] == pytest.approx((1e10 + (4e5 + checkpoints) * 2 + 1e9) * 1.25)
     assert b["disk"]["here"]["bytes"] == c["disk"]["here"]["bytes"] == pytest.approx(4e5 * 2 * 1.25)
     # Largest samples: (2e10 / 1.25 - fixed) / per sample, a sample being 1000 x (4000 B of states + 4 B of text) x 2.
     assert a["disk"]["there"]["largest_samples"] == b["disk"]["there"]["largest_samples"]
-    assert b["disk"]["there"]["largest_samples"] == (16e9 - 1e10 - 1.104e9) // 8.008e6 == 611
+    assert b["disk"]["there"]["largest_samples"] == (16e9 - 1e10 - 2 * checkpoints) // 8.008e6 == 655
     assert a["disk"]["here"]["largest_samples"] == 8e8 // 8.008e6 == 99
     assert not a["disk"]["here"]["fits"] and a["problems"] == ["needs 1.0 GB here, more than its 1.0 GB"]
     assert b["feasible"] and plan["recommendation"] == "B"
     assert b["budget"] == {"usd": "over", "hours": "inside"}
-    # a = 4000 / 5e8 x 12/3600 + 6 / 3600 / 2e4; b = 12/3600 / 1e5; F_B - F_A = B's engine start, 60 x 12/3600.
+    # a = 4000 / 5e8 x 12/3600 + 6 / 3600 / 2e4 (the remote's speed to there: the link's); b = 12/3600 / 1e5;
+    # F_B - F_A = B's engine start, 60 x 12/3600.
     per_a, per_b = 4000 / 5e8 * 12 / 3600 + 6 / 3600 / 2e4, 12 / 3600 / 1e5
     fixed = 60 * 12 / 3600
     assert plan["break_even_a_vs_b"]["tokens"] == pytest.approx(fixed / (per_a - per_b))
     assert plan["break_even_a_vs_b"]["samples"] == pytest.approx(fixed / (per_a - per_b) / 1000)
-    assert plan["answer"][1].startswith(
-        "Extract on the rented machine (B): 31 min rented, $6.19 (ship 400.0 MB over 4.00 Gbit/s (A) is ruled out: "
-        "needs 1.0 GB here, more than its 1.0 GB; stream there (C): 31 min, $6.20); between A and B, shipping is "
-        "cheaper below"
+    assert plan["answer"][2].startswith(
+        "Extract on the rented machine (B): 36 min rented, $7.26 (ship 400.0 MB through the DVC remote at 4.00 "
+        "Gbit/s (A) is ruled out: needs 1.0 GB here, more than its 1.0 GB; stream there (C): 36 min, $7.26); between "
+        "A and B, shipping is cheaper below"
     )
-    assert plan["answer"][2] == (
-        "Budget (B, training included): $6.19 is over the budget of $0.5; 0.52 h is inside 0.01-1 h."
+    assert plan["answer"][3] == (
+        "Budget (B, training included): $7.26 is over the budget of $0.5; 0.6 h is inside 0.01-1 h."
     )
 
 
 def test_disk_limits_rule_layouts_out_down_to_streaming(tmp_path):
     _metrics(tmp_path)
-    # A and B need 3.06 TB there (the weights, to evaluate there, and the states): on a 2.5 TB rented disk only
+    # A and B need 3.04 TB there (the weights, to evaluate there, and the states): on a 2.5 TB rented disk only
     # streaming remains.
     small = _plan(tmp_path, *SEED, "--disk-tb", "2.5")
     assert small["recommendation"] == "C" and not small["scenarios"]["B"]["feasible"]
-    assert small["scenarios"]["B"]["problems"] == ["needs 3.06 TB there, more than its 2.50 TB"]
-    assert "extract there (B) is ruled out: needs 3.06 TB there" in small["answer"][1]
+    assert small["scenarios"]["B"]["problems"] == ["needs 3.04 TB there, more than its 2.50 TB"]
+    assert small["answer"][0].startswith("Recommended: layout C (stream the hidden states on the rented machine")
+    assert "extract there (B) is ruled out: needs 3.04 TB there" in small["answer"][2]
     # (2.5e12 / 1.2 - 600e9 - checkpoints) / ((57,344 / 1.476 + 4) x 16,384) = 2,263 samples would fit B.
     fixed = 600e9 + CHECKPOINTS
     assert small["scenarios"]["B"]["disk"]["there"]["largest_samples"] == int(
         (2.5e12 / 1.2 - fixed) // ((57_344 / 1.476 + 4) * 16_384)
     )
-    # On a 1 TB rented disk too (846 GB: weights, text, checkpoints and its 64 GB buffer).
+    # On a 1 TB rented disk too (822 GB: weights, text, checkpoints and its 64 GB buffer).
     tiny = _plan(tmp_path, *SEED, "--disk-tb", "1")
     assert tiny["scenarios"]["C"]["feasible"] and tiny["recommendation"] == "C"
-    assert tiny["answer"][1].startswith(
-        "Stream the hidden states on the rented machine, storing none (C, train.hidden_states: streamed): 2.3 h "
-        "rented, $93 (ship 1.91 TB over 4.00 Gbit/s (A) is ruled out: needs 3.06 TB there, more than its 1.00 TB; "
-        "extract there (B) is ruled out: needs 3.06 TB there, more than its 1.00 TB)"
+    assert tiny["answer"][2].startswith(
+        "Stream the hidden states on the rented machine, storing none (C, train.hidden_states: streamed): 2.5 h "
+        "rented, $101 (ship 1.91 TB through the DVC remote at 4.00 Gbit/s (A) is ruled out: needs 3.04 TB there, more "
+        "than its 1.00 TB; extract there (B) is ruled out: needs 3.04 TB there, more than its 1.00 TB)"
     )
     # With a buffer that does not fit either, nothing does, and the answer says how many samples would.
     none = _plan(tmp_path, *SEED, "--disk-tb", "1", "--stream-buffer-gb", "300")
     assert none["recommendation"] is None
-    assert none["answer"][1].startswith("No layout works with these inputs: A: needs 3.06 TB there")
-    assert "C: needs 1.13 TB there, more than its 1.00 TB (at most 0 samples" in none["answer"][1]
-    assert "samples of this length fit there" in none["answer"][1]
+    assert none["answer"][0] == "Recommended: no layout: none works with these inputs (below)."
+    assert none["answer"][2].startswith("No layout works with these inputs: A: needs 3.04 TB there")
+    assert "C: needs 1.11 TB there, more than its 1.00 TB (at most 0 samples" in none["answer"][2]
+    assert "samples of this length fit there" in none["answer"][2]
     # At 400 Gbit/s shipping a token's states is cheaper than extracting it there: no break-even, A wins.
     fast = _plan(tmp_path, *SEED, "--link-gbit", "400")
     assert fast["break_even_a_vs_b"]["tokens"] is None and fast["recommendation"] == "A"
-    assert "shipping is cheaper at any size" in fast["answer"][1]
+    assert "shipping is cheaper at any size" in fast["answer"][2]
     # A copying cache doubles the states here: 3.82 TB + text does not fit the 3 TB volume.
     copied = _plan(tmp_path, *SEED, "--cache-link", "copy")
     assert copied["scenarios"]["A"]["disk"]["here"]["bytes"] == pytest.approx((STORED + TEXT) * 2 * 1.2)
@@ -659,7 +715,10 @@ def test_verifier_dir_without_index_sums_its_safetensors(tmp_path):
     (model / "model-00002.safetensors").write_bytes(b"\0" * 655)
     plan = _plan(tmp_path, *args)
     assert plan["verifier_weights_bytes"] == 13_000 and plan["bytes_per_token"] == 4 * 576 * 2
-    assert plan["draft_params"] == 10 * 576**2 + 3 * 576 * 4 * 576 + 32000 * 576  # intermediate defaults to 4 x hidden
+    # No heads in the config: 6 of 96 assumed (the largest even size up to 128 that divides 576); fc, q/k/v from 2H,
+    # o, the MLP (intermediate defaults to 4 x hidden), the head and 7 norms.
+    h = 576
+    assert plan["draft_params"] == 3 * h * h + 3 * 2 * h * h + h * h + 3 * h * 4 * h + 32000 * h + 7 * h
 
 
 def test_a_metrics_file_with_a_figure_no_run_measures_is_one_line(tmp_path):

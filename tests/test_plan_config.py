@@ -27,7 +27,7 @@ CHANGED = {
     ("train", "sharding"): "fsdp",
     ("train", "activation_checkpointing"): "mlp",
     ("train", "launch"): {"processes_per_node": 4, "nodes": 1, "gpu": "h200"},
-    ("train", "draft_layout"): {"fc_norm": True, "norm_output": True},
+    ("train", "draft_layout"): {"norm_before_fc": True},
     # A process's part of the token budget is one longest sample, as the flags' plan (no batches) assumes.
     ("train", "max_tokens_per_batch"): 4 * 24576,
     ("train", "batch_size"): 32,
@@ -37,7 +37,7 @@ CHANGED = {
 FLAGS = (
     "--samples", "2000", "--max-tokens", "24576", "--layers", "3", "--storage", "fp8-aux", "--epochs", "3",
     "--ttt-steps", "5", "--draft-vocab", "16000", "--keep-checkpoints", "4", "--stream-buffer-gb", "32",
-    "--sharding", "fsdp", "--recompute", "mlp", "--gpus", "4", "--draft-layout", "norm_output,fc_norm",
+    "--sharding", "fsdp", "--recompute", "mlp", "--gpus", "4", "--draft-layout", "norm_before_fc",
     "--gpu", "h200", "--batch-size", "32", "--max-tokens-per-batch", "98304", "--optimizer", "adamw",
 )  # fmt: skip
 
@@ -92,15 +92,25 @@ def test_the_params_decide_what_the_flags_would_and_each_input_names_its_source(
     tokens = 2000 * 16384
     assert from_params["tokens"] == tokens
     assert from_params["hidden_states"]["raw_bytes"] == tokens * 3 * 7168 * 2
-    draft = 10 * 7168**2 + 3 * 7168 * 18432 + 16000 * 7168
-    assert from_params["draft_params"] == draft and from_params["checkpoints_bytes"] == draft * 12 * 4
+    # The draft the trainer builds from these settings (eagle3/tools/plan_memory.py draft_figures), its checkpoints
+    # from the optimizer's state (AdamW: two moments and a step count per parameter), 4 kept.
+    from eagle3.params.train import TrainParams, draft_settings
+    from eagle3.tools.plan_memory import draft_figures
+    from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+
+    train = TrainParams.model_validate(
+        {key: value for (section, key), value in CHANGED.items() if section == "train" and key != "launch"}
+    )
+    figures = draft_figures(KIMI_K2_5_TEXT_CONFIG, 16000, draft_settings(train), aux_layers=2)
+    assert from_params["draft_params"] == figures.parameters
+    assert from_params["checkpoints_bytes"] == figures.checkpoint_bytes * 4
     inputs = from_params["inputs"]
     assert inputs["storage"] == "fp8-aux" and inputs["max_tokens"] == 24576 and inputs["there"]["gpus"] == 4
     assert inputs["there"]["gpu"] == "h200" and inputs["configuration"]["gpu"] == "params.yaml train.launch.gpu"
     memory = from_params["train_memory"]
     assert (memory["ttt_steps"], memory["processes"], memory["sharding"]) == (5, 4, "fsdp")
     assert inputs["recompute"] == "mlp" and inputs["configured_layout"] == "A or B"
-    assert inputs["configuration"] == {flag: f"params.yaml {key}" for flag, (key, _) in CONFIGURED.items()}
+    assert inputs["configuration"] == {flag: f"params.yaml {key}" for flag, key in CONFIGURED.items()}
     assert from_flags["inputs"]["configuration"] == {flag: "--" + flag.replace("_", "-") for flag in CONFIGURED}
     assert inputs["sources"]["verifier"] == (
         "params.yaml verifier.source.name (moonshotai/Kimi-K2.5: preset kimi-k2.5)"
@@ -115,11 +125,22 @@ def test_a_flag_overrides_the_params_and_says_so(tmp_path):
     assert plan["inputs"]["configuration"]["epochs"] == "params.yaml train.epochs"
 
 
-def test_without_params_the_built_in_defaults_are_named(tmp_path):
+def test_without_params_the_shipped_configuration_answers_and_is_named(tmp_path):
+    """No params file: every setting the shipped hero configuration decides is its value, named as its; what the
+    run is (samples, length, storage) is asked for or measured, and the GPUs it leaves open fall back."""
+    from eagle3.tools.plan_config import shipped_params
+
+    shipped = shipped_params()
     plan = _plan(tmp_path, "--samples", "3000")
-    configuration = plan["inputs"]["configuration"]
-    assert configuration["ttt_steps"] == "default of --ttt-steps" and plan["train_memory"]["ttt_steps"] == 7
-    assert configuration["samples"] == "--samples" and plan["inputs"]["configured_layout"] is None
+    configuration, inputs = plan["inputs"]["configuration"], plan["inputs"]
+    assert configuration["ttt_steps"] == "the shipped kimi-k2.5 configuration's train.ttt_steps"
+    assert plan["train_memory"]["ttt_steps"] == shipped.train.ttt_steps
+    assert inputs["keep_checkpoints"] == shipped.train.keep_checkpoints == 2
+    assert configuration["keep_checkpoints"] == "the shipped kimi-k2.5 configuration's train.keep_checkpoints"
+    assert inputs["optimizer"] == shipped.train.optimizer == "muon"
+    assert configuration["samples"] == "--samples" and configuration["storage"] == "default of --storage"
+    assert configuration["gpu"] == "default of --gpu" and inputs["there"]["gpu"] == "b200"
+    assert plan["inputs"]["configured_layout"] is None
 
 
 def test_the_plan_says_when_the_params_are_set_for_another_layout(tmp_path):

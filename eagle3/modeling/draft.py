@@ -47,8 +47,6 @@ from eagle3.modeling.rope import MLA_VERIFIER_DRAFT_THETA, ROPE_KEYS, draft_rope
 from eagle3.modeling.ttt_alignment import input_offset, shift_left
 from eagle3.params.train import RECOMPUTE, DraftAttention, DraftLayer, DraftLayout, DraftMLA, TrainParams
 
-KeysValues = tuple[torch.Tensor, torch.Tensor]
-
 # An MLA verifier's Llama-style draft (train.attention's docs): the shape of published Kimi-K2.5 drafts.
 MLA_HEAD_DIM, MLA_HIDDEN_PER_HEAD = 128, 112
 # The MLA draft layer's shape, under vLLM's (and transformers' DeepseekV2Config's) names.

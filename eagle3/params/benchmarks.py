@@ -56,9 +56,9 @@ class BenchmarkSet(Section):
     max_prompts: PositiveInt | None = None
     # What the pinned file holds: its records and the user turns of each (MT-bench: 80 of 2). The benchmarks stage
     # refuses a file that holds other counts; `eagle3 plan` counts evaluate's turns from them before it runs.
-    # null: not declared (the plan counts the set once the stage has run).
+    # null: not declared (the plan counts the set once the stage has run; a record's turns as one).
     records: PositiveInt | None = None
-    turns_per_record: PositiveInt = 1
+    turns_per_record: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _known_format(self) -> "BenchmarkSet":

@@ -193,7 +193,7 @@ class TrainParams(Section):
     keep_checkpoints: PositiveInt = execution_only(2)
     log_every: PositiveInt = execution_only(10)
     # DataLoader processes decompressing shards per training process (0: in the training process itself);
-    # auto: 2 per GPU process, 1 on CPU (eagle3/stages/train.py `data_workers` says why).
+    # auto: 2 per GPU process, 1 on CPU (eagle3/training/data.py `data_workers` says why).
     num_workers: Workers | Literal["auto"] = execution_only("auto")
     launch: LaunchParams = execution_only(LaunchParams())
     seed: Seed = 0

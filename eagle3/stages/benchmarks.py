@@ -111,7 +111,7 @@ def _check_declared(benchmark: BenchmarkSet, field: str, records: int, turns: li
             f"{field}.records: {benchmark.records} declared, the pinned file holds {records}; set it to {records}"
         )
     other = sorted({count for count in turns if count != benchmark.turns_per_record})
-    if other:
+    if benchmark.turns_per_record is not None and other:
         raise Eagle3Error(
             f"{field}.turns_per_record: {benchmark.turns_per_record} declared, records of {other} user turns are in "
             "the pinned file; set it to their number"

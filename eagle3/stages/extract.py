@@ -29,7 +29,7 @@ import contextlib
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,25 +158,22 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
             {**ranks.environment(tensor_parallel_size=tensor_parallel, compute_dtype=dtype), "backend": config.backend},
             ranks.rank,
         )
+        sink = ShardSink(out, meta, config, log)
+        extracted = sink.extracted
         started = time.monotonic()
         try:
             with progress() as bar:
                 task = bar.add_task("extract (parts)", total=len(todo))
-
-                def made(shard: ShardPlan) -> None:
-                    log.made(f"{shard.split}/{shard.path_name}")
-                    bar.update(task, description=f"extract (parts; {extracted.tokens:,} tokens)")
-
-                for plan in planned_parts(todo, tokenizer, config, meta):
+                for done, plan in enumerate(planned_parts(todo, tokenizer, config, meta)):
                     remaining = [s for s in plan.shards if not (out / s.split / s.path_name).is_file()]
-                    _check_disk(out, remaining, meta, config, len(todo) - bar.tasks[task].completed)
-                    _write_shards(backend, out, plan, remaining, meta, config, made, extracted)
+                    _check_disk(out, remaining, meta, config, len(todo) - done)
+                    write_shards(backend, sink, plan, remaining)
                     write_done(
                         out / plan.part.split,
                         plan.part.index,
                         PartDone([s.path_name for s in plan.shards], dict(plan.counts)),
                     )
-                    bar.advance(task)
+                    bar.update(task, advance=1, description=f"extract (parts; {extracted.tokens:,} tokens)")
         finally:
             backend.close()
             shutil.rmtree(spool, ignore_errors=True)
@@ -243,41 +240,53 @@ class Extracted:
     forward_passes: int = 0
 
 
-def _write_shards(
-    backend: HiddenStateCapture,
-    out: Path,
-    plan: PartPlan,
-    remaining: list[ShardPlan],
-    meta: ShardMeta,
-    config: ExtractParams,
-    made: Callable[[ShardPlan], None],
-    extracted: Extracted,
-) -> None:
-    """Write the `remaining` shards of a part. Batches come from the whole part (`part_batches`), so a shard's
-    bytes never depend on which of its neighbours were already done; a batch that holds none of the remaining
-    shards' sequences is not run, one that holds some also recomputes its others (discarded)."""
+class ShardSink:
+    """Where a part's states go, one shard after another in plan order: the shard being written, what has been
+    extracted, and the environment log that names each finished shard. `add` runs on the writing thread alone;
+    the main thread reads `extracted` (a progress figure, exact once the writer has finished)."""
+
+    def __init__(self, out: Path, meta: ShardMeta, config: ExtractParams, log: EnvironmentLog):
+        self.out, self.meta, self.config, self.log = out, meta, config, log
+        self.extracted = Extracted()
+        self._open: ShardWriter | None = None
+
+    def add(self, shard: ShardPlan, sequence: Sequence, hidden: torch.Tensor) -> None:
+        """One sequence's states into `shard`, opening it at its first sequence and finishing it at its last."""
+        if self._open is None:
+            path = self.out / shard.split / shard.path_name
+            self._open = ShardWriter(path, self.meta, self.config.compression_level, self.config.compression_threads)
+        self._open.add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
+        self.extracted.tokens += len(sequence.input_ids)
+        if sequence is shard.sequences[-1]:
+            self._open.close()
+            self._open = None
+            self.log.made(f"{shard.split}/{shard.path_name}")
+
+    def abort(self) -> None:
+        """The writer stopped: the shard it had open is removed (its finished ones stay)."""
+        if self._open is not None:
+            self._open.abort()
+            self._open = None
+
+
+def write_shards(backend: HiddenStateCapture, sink: ShardSink, plan: PartPlan, remaining: list[ShardPlan]) -> None:
+    """Write the `remaining` shards of a part through `sink`. Batches come from the whole part (`part_batches`), so
+    a shard's bytes never depend on which of its neighbours were already done; a batch that holds none of the
+    remaining shards' sequences is not run, one that holds some also recomputes its others (discarded)."""
+    config = sink.config
     sequences = [sequence for shard in plan.shards for sequence in shard.sequences]
-    owner = [shard for shard in plan.shards for _ in shard.sequences]
-    wanted = {id(shard) for shard in remaining}
-    positions = [position for position, shard in enumerate(owner) if id(shard) in wanted]
+    owner = [number for number, shard in enumerate(plan.shards) for _ in shard.sequences]
+    wanted = {shard.number for shard in remaining}
+    positions = [position for position, number in enumerate(owner) if number in wanted]
     batches = [
         batch
         for batch in part_batches([shard.sequences for shard in plan.shards], config.batch_tokens, backend.pads_batches)
-        if any(id(owner[position]) in wanted for position in batch)
+        if any(owner[position] in wanted for position in batch)
     ]
-    (out / plan.part.split).mkdir(parents=True, exist_ok=True)
-    open_shard: list[ShardWriter] = []  # the shard being written, by the writing thread alone
+    (sink.out / plan.part.split).mkdir(parents=True, exist_ok=True)
 
     def write(position: int, hidden: torch.Tensor) -> None:
-        shard, sequence = owner[position], sequences[position]
-        if not open_shard:
-            path = out / shard.split / shard.path_name
-            open_shard.append(ShardWriter(path, meta, config.compression_level, config.compression_threads))
-        open_shard[0].add(sequence.sample_id, sequence.input_ids, sequence.loss_mask, hidden)
-        extracted.tokens += len(sequence.input_ids)
-        if sequence is shard.sequences[-1]:
-            open_shard.pop().close()
-            made(shard)
+        sink.add(plan.shards[owner[position]], sequences[position], hidden)
 
     # Compressing and writing run beside the next forward passes; the engine waits only when the writer is a
     # whole batch of samples behind (the queue's depth bounds the states held for it).
@@ -288,10 +297,9 @@ def _write_shards(
         writing.finish()
     except BaseException:
         writing.abandon()
-        if open_shard:
-            open_shard[0].abort()
+        sink.abort()
         raise
-    extracted.forward_passes += len(batches)
+    sink.extracted.forward_passes += len(batches)
 
 
 def _check_disk(out: Path, shards: list[ShardPlan], meta: ShardMeta, config: ExtractParams, parts_left: int) -> None:

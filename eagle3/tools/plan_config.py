@@ -116,7 +116,7 @@ def apply(args: argparse.Namespace, params_path: Path) -> tuple[Configured, dict
             if flag in FALLBACK:
                 setattr(args, flag, FALLBACK[flag])
             sources[flag] = f"default of {option}" + ("" if params is None else f" ({key} leaves it open)")
-    if sources["optimizer"].startswith("default") and args.sharding == "fsdp":
+    if params is None and sources["optimizer"] != "--optimizer" and args.sharding == "fsdp":
         # What params accept: muon orthogonalises whole matrices, which fsdp splits.
         args.optimizer = "adamw"
         sources["optimizer"] = "default of --optimizer under --sharding fsdp"

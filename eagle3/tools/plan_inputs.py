@@ -36,7 +36,6 @@ from eagle3.tools.plan_types import (
     PRESETS,
     TB,
     TRAIN_MEASURED,
-    DraftFigures,
     Inputs,
     Machine,
     VerifierShape,
@@ -286,32 +285,34 @@ def draft_shape(args: argparse.Namespace, configured: Configured) -> dict[str, A
 
 
 # Where the verifier's config does not say how its attention is split into heads (a shape given by flags), the draft
-# is built with heads of this size: what Kimi-K2.5's and most large verifiers' drafts have.
+# is built with heads of this size (what Kimi-K2.5's and most large verifiers' drafts have), or the largest even
+# size below it that divides the hidden size.
 ASSUMED_HEAD_DIM = 128
 
 
-def draft_for(
-    verifier: VerifierShape, draft_vocab: int, shape: dict[str, Any], aux_layers: int
-) -> tuple[DraftFigures, str]:
-    """The train stage's draft for this verifier (plan_memory.draft_figures), and where its shape came from."""
+def draft_config(verifier: VerifierShape) -> tuple[dict[str, Any], str]:
+    """The verifier config every draft figure (its size, checkpoints, training memory) is built from, and where its
+    shape came from: the verifier's own, with heads of ASSUMED_HEAD_DIM where it names none."""
     config = verifier.config
     source = "the train stage's draft, built on the meta device from the verifier's config"
-    if not text_config(config).get("num_attention_heads"):
-        heads = max(1, verifier.hidden_size // ASSUMED_HEAD_DIM)
-        config = {
-            "max_position_embeddings": 4096,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
-            **text_config(config),
-            "hidden_size": verifier.hidden_size,
-            "num_hidden_layers": verifier.num_layers,
-            "vocab_size": verifier.vocab_size,
-            "intermediate_size": verifier.intermediate_size,
-            "num_attention_heads": heads,
-            "num_key_value_heads": heads,
-        }
-        source += f" (heads of {ASSUMED_HEAD_DIM} assumed: the verifier's config gives none)"
-    return draft_figures(config, draft_vocab, shape, aux_layers), source
+    if text_config(config).get("num_attention_heads"):
+        return config, source
+    hidden = verifier.hidden_size
+    head_dim = max((d for d in range(2, ASSUMED_HEAD_DIM + 1, 2) if hidden % d == 0), default=hidden)
+    heads = hidden // head_dim
+    completed = {
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        **text_config(config),
+        "hidden_size": verifier.hidden_size,
+        "num_hidden_layers": verifier.num_layers,
+        "vocab_size": verifier.vocab_size,
+        "intermediate_size": verifier.intermediate_size,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+    }
+    return completed, source + f" ({heads} heads of {head_dim} assumed: the verifier's config gives none)"
 
 
 def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
@@ -337,9 +338,9 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     cache = check_cache_link(args, root)
     link = probe_link(args, root)
     shape = draft_shape(args, configured)
-    memory = estimate(
-        verifier.config, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding, shape, args.layers - FINAL_LAYERS
-    )
+    drafted, draft_source = draft_config(verifier)
+    aux_layers = args.layers - FINAL_LAYERS
+    memory = estimate(drafted, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding, shape, aux_layers)
     process_tokens = checked.max_tokens  # without params: one longest sample per GPU
     if configured.params is not None:
         train = configured.params.train
@@ -399,7 +400,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         f"sha256 at {sha256_rate / 1e6:,.0f} MB/s a thread (measured here), {HASH_THREADS} threads, at most the disk's "
         f"{SERVER_LOAD_BYTES_PER_S / 1e9:g} GB/s (assumed)"
     )
-    draft, sources["draft"] = draft_for(verifier, args.draft_vocab, shape, args.layers - FINAL_LAYERS)
+    draft, sources["draft"] = draft_figures(drafted, args.draft_vocab, shape, aux_layers), draft_source
     optimizer_step_flops = draft.newton_schulz_flops if there_preflight.optimizer_step_s is None else 0.0
     samples_per_step = float(args.batch_size)
     if args.max_tokens_per_batch is not None:

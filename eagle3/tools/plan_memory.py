@@ -130,8 +130,11 @@ def draft_figures(
     from eagle3.training.optimizers import make_optimizer, newton_schulz_flops
 
     train = TrainParams.model_validate(shape)
-    with torch.device("meta"):
-        draft = Eagle3Draft(draft_config_for(config, draft_vocab, train, aux_layers))
+    try:
+        with torch.device("meta"):
+            draft = Eagle3Draft(draft_config_for(config, draft_vocab, train, aux_layers))
+    except (KeyError, ValueError) as exc:  # transformers' own validation of the shape
+        raise Eagle3Error(f"the verifier's config cannot shape the draft: {exc}") from None
     draft.lm_head.weight.requires_grad_(not train.freeze_lm_head)
     optimizer = make_optimizer(draft, train)
     parameters = sum(p.numel() for p in draft.parameters())

@@ -197,8 +197,9 @@ class Inputs:
     # The DVC remote's speeds, Gbit/s as reached (no efficiency applied): here -> remote, and the rented machine's.
     remote_up_gbit: float
     remote_down_gbit: float
-    # sha256 over a buffer in memory on one thread of this machine: how fast the weights' identity is hashed.
-    sha256_bytes_per_s: float
+    # sha256 over a buffer in memory on one thread of this machine: how fast the weights' identity is hashed (a
+    # measurement that varies from run to run: in the sources, not the JSON).
+    sha256_bytes_per_s: float = field(metadata=NOT_IN_JSON)
     there: Machine
     here: Machine
     here_share: float

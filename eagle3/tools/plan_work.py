@@ -59,14 +59,6 @@ class RunWork:
     text_bytes: float | None = None
     states_bytes: float | None = None
 
-    @property
-    def answer_tokens_total(self) -> float:
-        return self.answers * self.answer_tokens
-
-    @property
-    def evaluation_turns(self) -> int:
-        return sum(run.runs * run.turns for run in self.evaluation)
-
 
 def measured_verifier(root: Path) -> str | None:
     """The verifier the project's metrics were measured on: the verifier stage's record (what extract read, as long
@@ -128,7 +120,7 @@ def count_evaluation(params: "Params", root: Path) -> tuple[list[EvaluationRun],
     else:
         heldout = min(params.prepare.heldout_rows, config.max_prompts or params.prepare.heldout_rows)
         declared = [
-            (s.name, min(s.records, s.max_prompts or s.records), s.turns_per_record)
+            (s.name, min(s.records, s.max_prompts or s.records), s.turns_per_record or 1)
             for s in params.benchmarks.sets
             if s.records is not None
         ]

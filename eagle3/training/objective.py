@@ -71,11 +71,6 @@ class Objective(nn.Module):
         self.ttt_steps, self.weights = ttt_steps, [step_weight**i for i in range(ttt_steps)]
         self.recompute = recompute
 
-    def targets(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """Verifier distribution over the draft vocab [B, T, Vd], its top-1 [B, T], and per step which positions
-        count [B, T]."""
-        return (*self.distribution(batch), self.counted(batch))
-
     @torch.no_grad()
     def distribution(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The verifier's distribution over the draft vocab [B, T, Vd] and its top-1 [B, T]."""
