@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 from eagle3.chat.sequence_plan import Part  # noqa: E402
 from eagle3.chat.token_layout import Sequence  # noqa: E402
 from eagle3.engines.hidden_states.batching import in_plan_order, part_batches  # noqa: E402
+from eagle3.environment import EnvironmentLog  # noqa: E402
 from eagle3.formats.shards import ShardMeta, ShardWriter  # noqa: E402
 from eagle3.params.extract import ExtractParams  # noqa: E402
-from eagle3.environment import EnvironmentLog  # noqa: E402
 from eagle3.stages.extract import PartPlan, ShardPlan, ShardSink, write_shards  # noqa: E402
 
 LAYERS = (2, 15, 27, 30)

@@ -84,8 +84,8 @@ MUON_STEP_S = NEWTON_SCHULZ / (2250e12 * 0.5)  # 0.16 s at half of a B200's dens
 TRAIN_S = 4 * TOKENS / TRAIN_B200 + 4 * 3000 / 10 * MUON_STEP_S  # 1,514 s + 192 s
 # The draft the trainer builds for Kimi-K2.5 (its config's attention is MLA: the draft gets 64 heads x 128) with the
 # shipped EAGLE 3.1 layout: fc 3H x H, q/k/v 2H -> 8192, o, the MLP, the head, and the layout's norms.
-H, I, Q = 7168, 18432, 8192
-DRAFT = 3 * H * H + 3 * 2 * H * Q + Q * H + 3 * H * I + 32000 * H + 7 * H  # 1,190,970,368
+H, MLP, Q = 7168, 18432, 8192
+DRAFT = 3 * H * H + 3 * 2 * H * Q + Q * H + 3 * H * MLP + 32000 * H + 7 * H  # 1,190,970,368
 assert DRAFT == 1_190_970_368
 # One checkpoint: the draft in fp32 and its aux-scale buffer (3H), Muon's momentum for every matrix but the head,
 # AdamW's two moments and a step count for the head and the 7 norms; the shipped configuration keeps 2.
