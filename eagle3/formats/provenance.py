@@ -340,7 +340,9 @@ def weights_fingerprint(model_dir: Path) -> dict[str, Any]:
     for path, size in sizes.items():
         _check_safetensors(path, size)
     digests = file_hashes(files)
-    weight_files = {path.name: {"bytes": size, "sha256": digests[path]} for path, size in sizes.items()}
+    weight_files: dict[str, dict[str, int | str]] = {
+        path.name: {"bytes": size, "sha256": digests[path]} for path, size in sizes.items()
+    }
     fingerprint: dict[str, Any] = {
         "num_weight_files": len(files),
         "weight_bytes": sum(sizes.values()),
