@@ -120,9 +120,9 @@ test: system-packages lint
 	$(if $(CPU_KIND),echo "make test: as $(CPU_KIND): $$caps";) \
 	env $$caps OMP_WAIT_POLICY=PASSIVE PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(TEST_WORKERS)
 
-# One offline command for one GPU, before anything costly (eagle3/tools/gpu_check.py says what each step proves).
+# One offline command for one GPU, before anything costly (eagle3/preflight/gpu_check.py says what each step proves).
 gpu-check: setup
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m eagle3.tools.gpu_check
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m eagle3.preflight.gpu_check
 
 FORCE:
 

@@ -79,9 +79,9 @@ def interleaved_speed(root: Path, layers: list[str], steps: int, rounds: int) ->
 
     import torch
 
-    from eagle3.config import load_params
     from eagle3.formats.hf_weights import load_verifier_tensors
     from eagle3.formats.provenance import read_provenance, verifier_dir
+    from eagle3.params.params_file import load_params
     from eagle3.stages.train import build
     from eagle3.training.data import BatchPlan, Collate
     from eagle3.training.distributed import Dist
@@ -129,8 +129,8 @@ def kimi_shape(layer: str) -> dict:
     """At Kimi-K2.5's shape: the plan's training memory per GPU and the served KV bytes per token."""
     from eagle3.modeling.draft import DraftConfig
     from eagle3.params.train import TrainParams, draft_shape_settings
-    from eagle3.tools.plan_memory import estimate
-    from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+    from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
+    from eagle3.plan.memory import estimate
 
     shipped = yaml.safe_load(KIMI_CONFIG.read_text(encoding="utf-8"))
     vocab, steps = shipped["vocab"]["draft_vocab_size"], shipped["train"]["ttt_steps"]

@@ -28,12 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagle3.chat.sequence_plan import part_sequences  # noqa: E402
-from eagle3.config import load_params  # noqa: E402
 from eagle3.engines.hidden_states.batching import cut_batches, in_plan_order, length_sorted_batches  # noqa: E402
 from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.formats.shards import ShardWriter  # noqa: E402
 from eagle3.formats.synthetic import iter_records  # noqa: E402
+from eagle3.params.params_file import load_params  # noqa: E402
 from eagle3.precision import engine_device_type, resolve  # noqa: E402
 from eagle3.stages.extract import shard_meta  # noqa: E402
 

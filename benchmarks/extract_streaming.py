@@ -21,11 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagle3.config import load_params  # noqa: E402
 from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
 from eagle3.files import read_json  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.formats.synthetic import read_part  # noqa: E402
+from eagle3.params.params_file import load_params  # noqa: E402
 from eagle3.paths import SYNTHETIC_MANIFEST  # noqa: E402
 from eagle3.precision import engine_device_type, resolve  # noqa: E402
 from eagle3.stages.extract import (  # noqa: E402

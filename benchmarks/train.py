@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from eagle3.config import load_params
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import read_provenance, verifier_dir
+from eagle3.params.params_file import load_params
 from eagle3.stages.train import build
 from eagle3.training.data import BatchPlan, Collate, measure_aux_scale
 from eagle3.training.distributed import Dist

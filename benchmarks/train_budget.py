@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from eagle3.config import load_params
 from eagle3.engines.offline_estimate import offline_estimate
+from eagle3.params.params_file import load_params
 from eagle3.paths import HIDDEN_DIR, VERIFIER_DIR
 from eagle3.stages import export, train, vocab
 

@@ -27,12 +27,12 @@ from eagle3.modeling.attention import ttt_attention
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.modeling.reference_attention import reference_ttt_attention
 from eagle3.params.train import TrainParams
-from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
 from eagle3.training.distributed import Dist
 from eagle3.training.objective import Objective, train_step, training_precision
 from eagle3.training.optimizers import make_optimizer
 
-# Kimi-K2.5's language model (eagle3/tools/plan_types.py), and a shape any CPU steps in seconds.
+# Kimi-K2.5's language model (eagle3/plan/facts.py), and a shape any CPU steps in seconds.
 SHAPES = {
     "kimi-k2.5": KIMI_K2_5_TEXT_CONFIG,
     "tiny": {

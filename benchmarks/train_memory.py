@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from eagle3.params.train import RECOMPUTE, TrainParams
-from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
 from eagle3.training.distributed import Dist
 from eagle3.training.memory import Estimator, GiB, draft_config_for, make_objective_for, sample_batch
 from eagle3.training.objective import train_step

@@ -20,10 +20,10 @@ import xxhash
 import zstandard
 
 from eagle3.chat.sequence_plan import load_tokenizer, synthetic_parts
-from eagle3.config import load_params
 from eagle3.formats.provenance import read_provenance
 from eagle3.formats.shard_checks import ShardError, inflated, record_sections
 from eagle3.formats.shards import ShardReader, split_shards
+from eagle3.params.params_file import load_params
 from eagle3.stages.vocab import count_tokens
 
 

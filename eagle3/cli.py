@@ -54,29 +54,29 @@ TOOLS: dict[str, Tool] = {
     ),
     "plan": Tool(
         "hero-run disk, time and cost: extract here and ship, or extract there",
-        "eagle3.tools.plan_flags:add_arguments",
-        "eagle3.tools.plan_cli:main",
+        "eagle3.plan.flags:add_arguments",
+        "eagle3.plan.render:main",
     ),
     "init": Tool(
         "write a shipped configuration (e.g. kimi-k2.5, the hero run), or one sized for any verifier "
         "(--verifier DIR), as the params file",
-        "eagle3.tools.configs:add_arguments",
-        "eagle3.tools.configs:main",
+        "eagle3.init.shipped:add_arguments",
+        "eagle3.init.shipped:main",
     ),
     "preflight": Tool(
         "measure this machine before a run: training, extraction, serving, disk",
-        "eagle3.tools.preflight:add_arguments",
-        "eagle3.tools.preflight:main",
+        "eagle3.preflight.run:add_arguments",
+        "eagle3.preflight.run:main",
     ),
     "repair": Tool(
         "check an output's copies (workspace, DVC cache, remote) against dvc.lock; restore bad ones",
-        "eagle3.tools.repair:add_arguments",
-        "eagle3.tools.repair:main",
+        "eagle3.remotes.repair:add_arguments",
+        "eagle3.remotes.repair:main",
     ),
     "server": Tool(
         "start a model server (`vllm serve`) in the background and wait until it answers, or stop it",
-        "eagle3.tools.server:add_arguments",
-        "eagle3.tools.server:main",
+        "eagle3.servers:add_arguments",
+        "eagle3.servers:main",
     ),
 }
 
@@ -137,8 +137,8 @@ def validate_draft(args: argparse.Namespace, root: Path) -> None:
 
 
 def check(args: argparse.Namespace, root: Path) -> None:
-    from eagle3.config import check_against_verifier, check_license_gate, load_params
-    from eagle3.tools.plan_memory import check_evaluate_memory, check_gpu_memory
+    from eagle3.params.params_file import check_against_verifier, check_license_gate, load_params
+    from eagle3.plan.memory import check_evaluate_memory, check_gpu_memory
 
     params = load_params(args.params)
     notes = check_against_verifier(params, args.params)

@@ -39,9 +39,9 @@ def report_missing_modules_in_one_line() -> None:
     sys.excepthook = one_line
 
 
-# Validates the whole params file before any stage starts (see eagle3/config.py); imported by name because no
-# stage output depends on it, so it is not among any stage's DVC deps.
-_WHOLE_FILE = "eagle3.config"
+# Validates the whole params file before any stage starts (see eagle3/params/params_file.py); imported by name because
+# no stage output depends on it, so it is not among any stage's DVC deps.
+_WHOLE_FILE = "eagle3.params.params_file"
 
 
 def load_stage_params(stage: ModuleType, path: Path, command: str):

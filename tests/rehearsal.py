@@ -42,7 +42,7 @@ def rehearsed(params: dict) -> dict:
 
 
 def rehearsal_params(layout: str = "B") -> dict:
-    from eagle3.tools.configs import render
+    from eagle3.init.shipped import render
 
     return rehearsed(yaml.safe_load(render("kimi-k2.5", layout, "b200", "your-org/Kimi-K2.5-eagle3")))
 

@@ -12,7 +12,7 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.kv_cache_interface import FullAttentionSpec, HiddenStateCacheSpec, SlidingWindowSpec
 
 from eagle3.engines.hidden_states.vllm_capture import CAPTURE_ENGINE
-from eagle3.tools.config_files import RECIPES_DIR
+from eagle3.init.files import RECIPES_DIR
 
 KiB = 1024
 BLOCK = 16  # vLLM's default block size on CUDA

@@ -11,9 +11,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from eagle3.config import Params
+from eagle3.init.shipped import CONFIGS_DIR, render
 from eagle3.params.loading import validate
-from eagle3.tools.configs import CONFIGS_DIR, render
+from eagle3.params.params_file import Params
 
 from conftest import REPO, committed
 

@@ -169,9 +169,9 @@ def test_ranks_on_separate_machines_merge_to_the_single_run(verifier_project, tm
 def test_changed_settings_discard_old_parts_and_execution_settings_do_not(verifier_project, tmp_path):
     server_params = {"backend": "openai", "openai": {"base_urls": ["http://127.0.0.1:9/v1"], "model": "m"}}
     root = project(tmp_path, verifier_project, _params(server_params))
-    from eagle3.config import load_params
     from eagle3.environment import capture, fingerprint
     from eagle3.formats.provenance import read_provenance
+    from eagle3.params.params_file import load_params
     from eagle3.resume import resume_or_reset, run_key
     from eagle3.stages.generate import run_settings
 

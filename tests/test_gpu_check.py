@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 def test_gpu_check_runs_offline_to_its_summary_without_a_gpu(tmp_path):
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
-        [sys.executable, "-m", "eagle3.tools.gpu_check", "--out", str(tmp_path)],
+        [sys.executable, "-m", "eagle3.preflight.gpu_check", "--out", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,9 +1,9 @@
-"""How `make gpu-check` runs a step (eagle3/tools/gpu_check.py): a step over its time box is stopped with every
+"""How `make gpu-check` runs a step (eagle3/preflight/gpu_check.py): a step over its time box is stopped with every
 Python process of it printing its stacks, and the summary shows where the step's own process hung."""
 
 import sys
 
-from eagle3.tools.gpu_check import Step, run_step, steps, total_limit_s
+from eagle3.preflight.gpu_check import Step, run_step, steps, total_limit_s
 
 HANGS = """
 import threading, time

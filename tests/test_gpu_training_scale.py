@@ -12,10 +12,10 @@ import pytest
 import torch
 import yaml
 
-from eagle3.config import Params
+from eagle3.init.shipped import CONFIGS_DIR, render
 from eagle3.params.loading import validate
-from eagle3.tools.configs import CONFIGS_DIR, render
-from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+from eagle3.params.params_file import Params
+from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
 from eagle3.training.distributed import Dist
 from eagle3.training.memory import Estimator, GiB, draft_config_for, make_objective_for, sample_batch
 from eagle3.training.objective import train_step

@@ -24,10 +24,10 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
 from eagle3.formats.eval_metrics import EvalMetrics, read_eval_metrics
 from eagle3.hashing import sha256_file
+from eagle3.params.params_file import load_params
 from eagle3.publish import licenses, model_card
 from eagle3.publish.dvc_graph import require_report_covers
 

@@ -4,7 +4,7 @@ sample length, and at the hero run's shape within the issue's bounds."""
 import pytest
 
 from eagle3.params.train import DraftLayout, TrainParams
-from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
 from eagle3.training.distributed import Dist
 from eagle3.training.memory import (
     Estimator,

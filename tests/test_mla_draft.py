@@ -12,8 +12,8 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.exported_draft import check_draft, load_exported_draft, write_drafts
 from eagle3.modeling.draft import MLA_KEYS, DraftConfig, Eagle3Draft
 from eagle3.params.train import DraftAttention, DraftLayout, DraftMLA, TrainParams
+from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
 from eagle3.stages.vocab import mapping
-from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
 
 LLAMA_VERIFIER = {
     "hidden_size": 48,

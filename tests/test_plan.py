@@ -33,7 +33,7 @@ def _metrics(root: Path, ratio: float = 1.476, tokens_per_s: float | None = None
 
 @pytest.fixture(autouse=True, scope="module")
 def train_memory_cache(tmp_path_factory):
-    """The training-memory estimate's cache (eagle3/tools/plan_memory.py) of this module's own: the first plan
+    """The training-memory estimate's cache (eagle3/plan/memory.py) of this module's own: the first plan
     measures it, the later ones read it."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
@@ -95,7 +95,7 @@ CHECKPOINTS = CHECKPOINT * 2
 TRAINED_PARAMS = DRAFT
 LINK = 5e9 * 0.8 / 8  # 5e8 B/s; the DVC remote's speeds are assumed to be the link's
 USD_PER_S = 8 * 5.0 / 3600
-# The runbook's steps the formulas add (eagle3/tools/plan.py): a start of the verifier (its 600 GB at 2 GB/s + 1
+# The runbook's steps the formulas add (eagle3/plan/model.py): a start of the verifier (its 600 GB at 2 GB/s + 1
 # min), preflight (its items' budgets and two engine starts: serving, and extraction on vLLM), setup and gpu-check
 # (the sum of its time boxes), hashing the weights once on each machine (600 GB at the disk's 2 GB/s).
 START = 600e9 / 2e9 + 60  # 360 s
@@ -298,7 +298,7 @@ def test_training_memory_names_the_setting_that_fits_or_the_longest_sample(tmp_p
 
 
 def test_storage_options_from_a_ratio_measured_with_another_storage(tmp_path):
-    from eagle3.tools.plan_measured import STORAGE_GAIN
+    from eagle3.plan.measured import STORAGE_GAIN
 
     _metrics(tmp_path)  # 1.476, an older metrics file without "storage": lossless
     _provenance(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct")

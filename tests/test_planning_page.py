@@ -6,7 +6,7 @@ import json
 import re
 import shlex
 
-from eagle3.tools.plan_types import duration
+from eagle3.plan.facts import duration
 
 from conftest import REPO, eagle3
 

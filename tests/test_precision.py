@@ -108,8 +108,8 @@ def test_cpu_numerics_reads_this_machine():
 def test_a_changed_resolution_changes_generate_and_extract_run_keys(capability, verifier_project, tmp_path):
     """Parts or shards made in bf16 are never mixed with float32 ones: the resolved dtype is in the run key, so
     the same params (`auto`) on a machine that resolves otherwise start over."""
-    from eagle3.config import load_params
     from eagle3.formats.provenance import read_provenance
+    from eagle3.params.params_file import load_params
     from eagle3.resume import resume_or_reset, run_key
     from eagle3.stages import extract, generate
 

@@ -167,9 +167,9 @@ def test_a_verifier_changed_since_its_stage_ran_is_named(verifier_project, tmp_p
 
 
 def test_a_disk_too_small_for_the_states_is_the_data_path_verdict(tmp_path, monkeypatch):
-    from eagle3.config import load_params
-    from eagle3.tools import preflight_machine
-    from eagle3.tools.preflight_items import Context, Fix, Item
+    from eagle3.params.params_file import load_params
+    from eagle3.preflight import machine as preflight_machine
+    from eagle3.preflight.items import Context, Fix, Item
 
     root = make_project(tmp_path / "project")
     (root / "metrics").mkdir()
@@ -192,9 +192,9 @@ def test_a_shared_memory_too_small_for_the_loader_workers_is_the_data_path_verdi
     a machine's 256 GB is not."""
     from types import SimpleNamespace
 
-    from eagle3.config import load_params
-    from eagle3.tools import preflight_machine
-    from eagle3.tools.preflight_items import Context, Fix, Item
+    from eagle3.params.params_file import load_params
+    from eagle3.preflight import machine as preflight_machine
+    from eagle3.preflight.items import Context, Fix, Item
 
     params = smoke_params()
     params["train"].update(num_workers=2, max_tokens_per_batch=163840, launch={"processes_per_node": 8})
@@ -228,9 +228,9 @@ def test_a_streamed_spool_on_shared_memory_must_fit_there(tmp_path, monkeypatch)
     its size; on a disk /dev/shm is not asked for anything."""
     from types import SimpleNamespace
 
-    from eagle3.config import load_params
-    from eagle3.tools import preflight_machine
-    from eagle3.tools.preflight_items import Context, Item
+    from eagle3.params.params_file import load_params
+    from eagle3.preflight import machine as preflight_machine
+    from eagle3.preflight.items import Context, Item
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(
@@ -298,9 +298,9 @@ def test_a_verifier_moved_away_from_its_recorded_path_is_named(verifier_project,
 def test_a_sample_too_long_for_the_device_gives_the_longest_per_setting_confirmed_by_real_steps(
     verifier_project, tmp_path, monkeypatch
 ):
-    from eagle3.config import load_params
-    from eagle3.tools import preflight_models
-    from eagle3.tools.preflight_items import Context, Fix, Item
+    from eagle3.params.params_file import load_params
+    from eagle3.preflight import models as preflight_models
+    from eagle3.preflight.items import Context, Fix, Item
     from eagle3.training.memory import Estimator
     from eagle3.training.objective import training_precision
 

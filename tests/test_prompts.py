@@ -4,7 +4,7 @@ import re
 from collections import Counter
 
 from eagle3.chat.conversations import normalize, prompt_hash
-from eagle3.config import load_params
+from eagle3.params.params_file import load_params
 
 from conftest import REPO
 

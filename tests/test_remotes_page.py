@@ -16,7 +16,7 @@ PAGE = REPO / "docs" / "remotes.md"
 
 def _dvc_commands() -> list[list[str]]:
     """Every `dvc ...` line of the page's bash blocks, in order, comments dropped; `eagle3 repair` and `dvc repro`
-    (the repair flow, which tests/test_remotes.py runs against damaged remotes) left out."""
+    (the repair flow, which tests/test_remotes_probe.py runs against damaged remotes) left out."""
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.S):
         for line in block.splitlines():

@@ -1,4 +1,4 @@
-"""`eagle3 server start|stop` (eagle3/tools/server.py) with a real process answering on 127.0.0.1: the runbook's step 3
+"""`eagle3 server start|stop` (eagle3/servers.py) with a real process answering on 127.0.0.1: the runbook's step 3
 stops a standing server that may not run, and a server not started by the tool is refused with the way out."""
 
 import http.server

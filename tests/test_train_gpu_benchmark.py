@@ -34,7 +34,7 @@ def test_tiny_shape_reports_step_time_and_the_ratio_to_the_reference():
 
 
 def test_memory_table_prints_the_estimate_per_setting_and_per_process_split():
-    from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+    from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
     from eagle3.training.memory import Estimator, GiB, draft_config_for
 
     script = BENCHMARK.with_name("train_memory.py")

@@ -2,7 +2,7 @@
 
 Hashed in parallel (hashlib releases the GIL over large buffers, so threads scale to the disk's read rate), largest
 file first, with a progress bar; at Kimi-K2.5's 600 GB a cold pass is the disk's read time (the plan prices it:
-eagle3/tools/plan.py's `hash_weights`).
+eagle3/plan/model.py's `hash_weights`).
 
 Each file's digest is kept in a per-machine cache ($XDG_CACHE_HOME/eagle3/weight-hashes.json, else
 ~/.cache/eagle3/) under its real path with the stat stamp it was hashed at (device, inode, size, modification and

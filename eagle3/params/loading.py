@@ -3,7 +3,7 @@
 Any problem (unreadable file, bad YAML, duplicate or unknown key, wrong type, out-of-range value) raises
 Eagle3Error whose message is one line naming the key path, e.g.
 ``params.yaml: prepare.heldout_rows: must be >= 1, got 0``. Generic over the model validated: a stage validates
-the sections it reads (eagle3/runner.py), `eagle3 check` all of them (eagle3/config.py).
+the sections it reads (eagle3/runner.py), `eagle3 check` all of them (eagle3/params/params_file.py).
 """
 
 import re

@@ -101,7 +101,7 @@ def rows(model: type[BaseModel], prefix: str = "", seen: tuple = ()) -> list[tup
 
 
 def render() -> str:
-    from eagle3.config import Params
+    from eagle3.params.params_file import Params
 
     lines = ["| key | type | default | kind | what it is for |", "|---|---|---|---|---|"]
     for key, kind, default, mark, words in rows(Params):

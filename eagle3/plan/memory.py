@@ -31,7 +31,7 @@ from eagle3.files import write_json
 from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import RECOMPUTE, draft_settings
-from eagle3.tools.plan_types import (
+from eagle3.plan.facts import (
     GB,
     GPU_MEMORY_UTILIZATION,
     DraftFigures,
@@ -44,7 +44,7 @@ from eagle3.tools.plan_types import (
 from eagle3.training.data import tokens_per_process
 
 if TYPE_CHECKING:
-    from eagle3.config import Params
+    from eagle3.params.params_file import Params
 
 LENGTHS = (4096, 8192)
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -378,13 +378,13 @@ class KnownVerifier:
 def _verifier_config(params: "Params", root: Path) -> KnownVerifier:
     """The configured verifier's language-model config, weight bytes and stored dtype: a preset of that name, else
     its directory here, else the verifier stage's record of it, else a shipped recipe's files for it."""
-    from eagle3.config import configured_verifier
     from eagle3.formats.hf_config import read_config, stored_dtype, text_config
     from eagle3.formats.provenance import read_provenance, verifier_dir, verifier_location
+    from eagle3.init.files import recipe_for
+    from eagle3.params.params_file import configured_verifier
     from eagle3.paths import PROVENANCE
-    from eagle3.tools.config_files import recipe_for
-    from eagle3.tools.plan_types import PRESETS
-    from eagle3.tools.plan_verifier import weight_file_bytes, weights_bytes
+    from eagle3.plan.facts import PRESETS
+    from eagle3.plan.verifier import weight_file_bytes, weights_bytes
 
     name = configured_verifier(params)
     preset = next((shape for shape in PRESETS.values() if shape.name == name), None)

@@ -3,14 +3,14 @@
 A tool, not a DVC stage: it reads params.yaml and the verifier stage's output, writes one JSON file
 (`--out`, default reports/preflight.json, which no stage writes) and one screen of text, and touches no pipeline
 output (its scratch files live in a temporary directory). Each item measures one thing within its own time budget
-(`BUDGETS_S` in eagle3/tools/preflight_items.py; on an 8-GPU machine docs/preflight.md states what each costs there)
+(`BUDGETS_S` in eagle3/preflight/items.py; on an 8-GPU machine docs/preflight.md states what each costs there)
 and ends in a verdict: `ready`, `fix` (what to change, in one line), `failed` (the measurement itself broke: its
 one-line error) or `not available` (does not apply here, e.g. vLLM not installed). A failure in one item is
 reported and the others still run.
 
-The measurements are eagle3/tools/preflight_machine.py's (the machine, precision, collectives, disk and shard
-decoding) and eagle3/tools/preflight_models.py's (the verifier, training, extraction and serving). `eagle3 plan
---preflight FILE` reads the JSON (eagle3/tools/plan_preflight.py).
+The measurements are eagle3/preflight/machine.py's (the machine, precision, collectives, disk and shard
+decoding) and eagle3/preflight/models.py's (the verifier, training, extraction and serving). `eagle3 plan
+--preflight FILE` reads the JSON (eagle3/plan/preflight_reports.py).
 """
 
 import argparse
@@ -25,9 +25,8 @@ from typing import Any
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.paths import REPORTS_DIR
-from eagle3.tools import preflight_machine as machine
-from eagle3.tools import preflight_models as models
-from eagle3.tools.preflight_items import GB, ITEMS, Context, Fix, Item, NotAvailable
+from eagle3.preflight import machine, models
+from eagle3.preflight.items import GB, ITEMS, Context, Fix, Item, NotAvailable
 
 FORMAT_VERSION = 1
 # No stage writes or reads it (a tool's output; eagle3/paths.py holds the stages' paths, which are their deps).
@@ -137,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget-scale",
         type=float,
         default=1.0,
-        help="multiplies every item's measuring budget (default 1; the budgets: eagle3/tools/preflight.py)",
+        help="multiplies every item's measuring budget (default 1; the budgets: eagle3/preflight/run.py)",
     )
 
 
@@ -154,7 +153,7 @@ def _check_writable(out: Path, given: Path) -> None:
 
 def main(args: argparse.Namespace, root: Path) -> int:
     """0 when every item is ready or does not apply here, 1 when one needs a fix or failed."""
-    from eagle3.config import load_params
+    from eagle3.params.params_file import load_params
 
     if not args.budget_scale > 0:
         raise Eagle3Error(f"--budget-scale must be > 0, got {args.budget_scale:g}")

@@ -1,5 +1,5 @@
 """`eagle3 plan`'s fixed facts and its inputs' types: units, GPU and verifier presets, the trainer's measured speed,
-the machines and the resolved `Inputs` (eagle3/tools/plan_inputs.py fills them in); and `to_json`, the one way the
+the machines and the resolved `Inputs` (eagle3/plan/inputs.py fills them in); and `to_json`, the one way the
 plan's dataclasses become its JSON."""
 
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -117,7 +117,7 @@ class TrainMeasurement:
 
 
 # This project's draft trainer at Kimi-K2.5's shape on one GPU, bf16 autocast, fused AdamW, batch 1
-# (benchmarks/train_gpu.py), measured before its attention became linear in T (its memory: eagle3/tools/plan_memory.py).
+# (benchmarks/train_gpu.py), measured before its attention became linear in T (its memory: eagle3/plan/memory.py).
 TRAIN_MEASURED = TrainMeasurement("h200", 7134.0, 2048, 7)
 
 
@@ -131,7 +131,7 @@ class MemoryLine:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """eagle3/tools/plan_memory.py's lines per setting (None where the verifier's config cannot shape a draft:
+    """eagle3/plan/memory.py's lines per setting (None where the verifier's config cannot shape a draft:
     `source` says why)."""
 
     ttt_steps: int
@@ -218,7 +218,7 @@ class Inputs:
     epochs: int
     draft_vocab: int
     keep_checkpoints: int
-    # The train stage's draft for these inputs (eagle3/tools/plan_memory.py draft_figures): its sizes.
+    # The train stage's draft for these inputs (eagle3/plan/memory.py draft_figures): its sizes.
     draft: DraftFigures = field(metadata=NOT_IN_JSON)
     stream_buffer_gb: float
     headroom: float
@@ -237,7 +237,7 @@ class Inputs:
     sources: dict[str, str]
     # Each input the configuration decides (plan_config.CONFIGURED): where its value came from.
     configuration: dict[str, str]
-    # What the runbook's steps count: answers, evaluation turns, server starts (eagle3/tools/plan_work.py).
+    # What the runbook's steps count: answers, evaluation turns, server starts (eagle3/plan/work.py).
     work: Any
     # Output tokens/s of a `vllm serve` of the verifier here (generate's measured rate, or given); None: assumed.
     serve_tokens_per_s: float | None

@@ -1,5 +1,5 @@
 """`eagle3 plan --preflight FILE` / `--here-preflight FILE`: what `eagle3 preflight` measured on a machine
-(eagle3/tools/preflight.py's JSON) in place of the plan's derived figures.
+(eagle3/preflight/run.py's JSON) in place of the plan's derived figures.
 
 From the rented machine's file (`there`): the training rate per GPU, the extraction rate, the compression ratio and
 the free disk; from this machine's (`here`): the extraction rate and the free disk. A flag given explicitly still
@@ -21,7 +21,7 @@ from eagle3.formats.storage import StorageName
 from eagle3.gpu_kinds import GPUS
 from eagle3.hashing import sha256_file
 from eagle3.params.train import Optimizer
-from eagle3.tools.plan_types import Machine, VerifierShape
+from eagle3.plan.facts import Machine, VerifierShape
 
 TB = 1e12
 # A preflight report is a few KB: anything past this is not one.
@@ -132,7 +132,7 @@ def _validated(model: type[BaseModel], raw: Any, prefix: str, flag: str, path: P
 def read_report(path: Path, flag: str) -> dict[str, Any]:
     """The report at `path`, every part the plan reads checked (types, ranges, finiteness, size): a bad one is one
     error naming the file and the field, never a figure."""
-    from eagle3.tools.preflight import FORMAT_VERSION
+    from eagle3.preflight.run import FORMAT_VERSION
 
     fix = "rerun `eagle3 preflight` on that machine and copy its file"
     try:

@@ -13,8 +13,8 @@ from eagle3.formats.storage import STORAGES
 from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import MAX_TTT_STEPS, RECOMPUTE, DraftLayout, Optimizer, Sharding
 from eagle3.paths import EXTRACT_METRICS
-from eagle3.tools.plan_config import CONFIGURED, FALLBACK, RUN_INPUTS, SHIPPED
-from eagle3.tools.plan_types import CACHE_LINKS, PRESETS, Budget
+from eagle3.plan.configured import CONFIGURED, FALLBACK, RUN_INPUTS, SHIPPED
+from eagle3.plan.facts import CACHE_LINKS, PRESETS, Budget
 
 # The link between here and the rented machine where no flag gives it: a common office uplink, and the share of it
 # a transfer reaches (benchmarks/transfer.py measures one).

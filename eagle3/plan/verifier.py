@@ -8,7 +8,7 @@ from pathlib import Path
 
 from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config
-from eagle3.tools.plan_types import GB, PRESETS, VerifierShape
+from eagle3.plan.facts import GB, PRESETS, VerifierShape
 
 
 def weight_file_bytes(model_dir: Path) -> float:

@@ -1,5 +1,5 @@
 """`eagle3 plan`: the printed plan (the answer in words, then tables; or JSON). Inputs
-are resolved in eagle3/tools/plan_inputs.py, the formulas are eagle3/tools/plan.py's."""
+are resolved in eagle3/plan/inputs.py, the formulas are eagle3/plan/model.py's."""
 
 import argparse
 import json
@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.gpu_kinds import GPUS
-from eagle3.tools.config_files import shipped_for
-from eagle3.tools.configs import LAYOUT_KEYS
-from eagle3.tools.plan import (
+from eagle3.init.files import shipped_for
+from eagle3.init.shipped import LAYOUT_KEYS
+from eagle3.plan.facts import Budget, dollars, duration, size, to_json
+from eagle3.plan.inputs import inputs_from_args
+from eagle3.plan.model import (
     NEWTON_SCHULZ_MFU,
     TEXT_BYTES_PER_TOKEN,
     DiskNeed,
     Plan,
     compute,
 )
-from eagle3.tools.plan_inputs import inputs_from_args
-from eagle3.tools.plan_types import Budget, dollars, duration, size, to_json
 
 
 def _disk_words(disk: DiskNeed) -> str:

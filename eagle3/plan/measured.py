@@ -10,10 +10,10 @@ from eagle3.errors import Eagle3Error
 from eagle3.files import read_report_json
 from eagle3.formats.storage import DEFAULT_STORAGE, STORAGES
 from eagle3.paths import EXTRACT_METRICS
-from eagle3.tools.plan_flags import positive
-from eagle3.tools.plan_preflight import PreflightFigures
-from eagle3.tools.plan_types import VerifierShape
-from eagle3.tools.plan_work import measured_verifier
+from eagle3.plan.facts import VerifierShape
+from eagle3.plan.flags import positive
+from eagle3.plan.preflight_reports import PreflightFigures
+from eagle3.plan.work import measured_verifier
 
 # How a ratio measured with one extract.storage becomes another's (eagle3/formats/storage.py).
 STORAGE_GAIN = {name: storage.gain_over_lossless for name, storage in STORAGES.items()}

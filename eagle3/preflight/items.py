@@ -1,4 +1,4 @@
-"""`eagle3 preflight`'s shared vocabulary (eagle3/tools/preflight.py runs the items): an item's result, the verdicts
+"""`eagle3 preflight`'s shared vocabulary (eagle3/preflight/run.py runs the items): an item's result, the verdicts
 its measurement raises, the context the items share, and each item's measuring budget."""
 
 from dataclasses import dataclass, field
@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from eagle3.config import Params
+    from eagle3.params.params_file import Params
 
 GB = 1e9
 # Seconds each item may spend measuring (engine and model loading come on top where stated in its `how`).

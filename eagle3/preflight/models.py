@@ -1,4 +1,4 @@
-"""`eagle3 preflight`'s model items (eagle3/tools/preflight.py): the verifier still being what the verifier stage
+"""`eagle3 preflight`'s model items (eagle3/preflight/run.py): the verifier still being what the verifier stage
 recorded, real training steps of the configured draft, a few samples through the configured extract backend, and
 vLLM starting this verifier with an EAGLE-3 draft."""
 
@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from eagle3.errors import Eagle3Error
-from eagle3.tools.preflight_items import GB, Context, Fix, Item, NotAvailable
+from eagle3.preflight.items import GB, Context, Fix, Item, NotAvailable
 
 # What the extraction item captures where the project has no regenerated conversations yet: real states of the
 # verifier for ordinary chat text (the compression ratio depends on the verifier's states, little on the words).
@@ -103,7 +103,7 @@ def draft_config(context: Context):
 def _device_memory(device) -> tuple[int | None, str]:
     import torch
 
-    from eagle3.tools.preflight_machine import ram_bytes
+    from eagle3.preflight.machine import ram_bytes
 
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory, "the GPU's total memory"

@@ -8,13 +8,13 @@ eagle3/configs/NAME.yaml is that output at the recipe's own GPUs, committed so i
 from the files and compares, so the recipe and `init --verifier` cannot drift apart. Another GPU kind or count
 sizes it again from the same files.
 
-    python -m eagle3.tools.recipes            # check that every eagle3/configs/NAME.yaml is what its files give
-    python -m eagle3.tools.recipes --write    # write them
+    python -m eagle3.init.recipes            # check that every eagle3/configs/NAME.yaml is what its files give
+    python -m eagle3.init.recipes --write    # write them
 """
 
 import argparse
 
-from eagle3.tools.config_files import CONFIGS_DIR, recipe, recipes
+from eagle3.init.files import CONFIGS_DIR, recipe, recipes
 
 
 def render_recipe(
@@ -26,7 +26,7 @@ def render_recipe(
 ) -> str:
     """The params text of recipe `name`, sized for `gpus` x `gpu`, with thinking and a license override as given
     (each default: the recipe's own)."""
-    from eagle3.tools.init_verifier import params_for, read_verifier
+    from eagle3.init.from_verifier import params_for, read_verifier
 
     chosen = recipe(name)
     verifier = read_verifier(chosen.files, chosen.hub_id, None)
@@ -67,9 +67,7 @@ def main() -> None:
         return
     outdated = stale()
     if outdated:
-        raise SystemExit(
-            f"not what their files give: {', '.join(outdated)}; run python -m eagle3.tools.recipes --write"
-        )
+        raise SystemExit(f"not what their files give: {', '.join(outdated)}; run python -m eagle3.init.recipes --write")
 
 
 if __name__ == "__main__":

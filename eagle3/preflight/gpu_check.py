@@ -11,8 +11,8 @@ is downloaded: the verifiers are built locally from configs (a small Llama, the 
 tests/kimi_miniature.py) or converted from the PyPI wheel the project embeds. Without CUDA the GPU steps report
 that they need it and the others run, which is how CI runs this command.
 
-    python -m eagle3.tools.gpu_check              # every step
-    python -m eagle3.tools.gpu_check --only preflight
+    python -m eagle3.preflight.gpu_check              # every step
+    python -m eagle3.preflight.gpu_check --only preflight
 """
 
 import argparse

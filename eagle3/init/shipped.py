@@ -3,10 +3,10 @@ configuration.
 
 The shipped configurations are eagle3/configs/NAME.yaml, complete params files with a reason beside each choice
 (kimi-k2.5: the hero run; the one-machine recipes for other verifiers, `--layout single`, are
-eagle3/tools/recipes.py's). The layouts are `eagle3 plan`'s: A extracts the hidden states here and ships them, B
+eagle3/init/recipes.py's). The layouts are `eagle3 plan`'s: A extracts the hidden states here and ships them, B
 ships the text and extracts on the rented machine, C ships the text and streams the states there. A and B train on
 stored states with the same params; C is the file with LAYOUT_KEYS["C"] set, and the verifier's share of each GPU
-beside the trainers sized for --gpu (side by side where both fit, else in phases: eagle3/tools/plan_memory.py).
+beside the trainers sized for --gpu (side by side where both fit, else in phases: eagle3/plan/memory.py).
 --gpu also records the rented GPU kind (train.launch.gpu), which `eagle3 check` and `eagle3 plan` hold the run to;
 --draft-repo the Hub repository the model card names. Each key set gets its reason as a comment. The file is
 rewritten with its comments kept (ruamel.yaml's round trip) and validated before anything is written; an
@@ -22,7 +22,7 @@ from typing import Any
 from eagle3.errors import Eagle3Error
 from eagle3.files import write_text
 from eagle3.gpu_kinds import GPUS
-from eagle3.tools.config_files import CONFIGS_DIR, recipes, shipped, shipped_names, yaml_round_trip
+from eagle3.init.files import CONFIGS_DIR, recipes, shipped, shipped_names, yaml_round_trip
 
 LAYOUTS = ("A", "B", "C")
 # What each layout sets over the shipped file, as (section, key) -> value.
@@ -76,7 +76,7 @@ def _set(mapping, key: str, value: Any, reason: str, after: str | None = None) -
 
 def _refuse_unloadable(document, gpu: str) -> None:
     """Every layout serves the verifier on the rented machine: refuse a GPU kind whose machine cannot load it."""
-    from eagle3.tools.plan_memory import verifier_fit_problem
+    from eagle3.plan.memory import verifier_fit_problem
 
     name = document["verifier"]["source"]["name"]
     preset = _preset(name)
@@ -89,7 +89,7 @@ def _refuse_unloadable(document, gpu: str) -> None:
 
 
 def _preset(name: str):
-    from eagle3.tools.plan_types import PRESETS
+    from eagle3.plan.facts import PRESETS
 
     return next((shape for shape in PRESETS.values() if shape.name == name), None)
 
@@ -97,8 +97,8 @@ def _preset(name: str):
 def _size_streaming(document, gpu: str) -> None:
     """Layout C on `gpu`: the verifier's share of each GPU, and phases where it and the trainer do not fit at once."""
     from eagle3.params.train import TrainParams, draft_settings
-    from eagle3.tools.plan_memory import compute_train_memory, estimate, streamed_fit, verifier_share
-    from eagle3.tools.plan_types import Machine
+    from eagle3.plan.facts import Machine
+    from eagle3.plan.memory import compute_train_memory, estimate, streamed_fit, verifier_share
     from eagle3.training.data import tokens_per_process
 
     name = document["verifier"]["source"]["name"]
@@ -167,7 +167,7 @@ def _uncommitted(path: Path) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from eagle3.tools import init_verifier
+    from eagle3.init import from_verifier as init_verifier
 
     parser.add_argument("name", nargs="?", help="a shipped configuration: " + shipped_names())
     parser.add_argument(
@@ -191,8 +191,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _text(args: argparse.Namespace) -> tuple[str, str, str]:
     """The params text, what it was made from (for errors and the summary) and the file validation names."""
-    from eagle3.tools import init_verifier
-    from eagle3.tools.recipes import render_recipe
+    from eagle3.init import from_verifier as init_verifier
+    from eagle3.init.recipes import render_recipe
 
     if (args.name is None) == (args.verifier is None):
         raise Eagle3Error(f"give a shipped configuration ({shipped_names()}) or --verifier DIR, not both")
@@ -264,8 +264,8 @@ def _with_draft_repo(text: str, draft_repo: str | None) -> str:
 def main(args: argparse.Namespace, root: Path) -> None:
     import yaml
 
-    from eagle3.config import Params
     from eagle3.params.loading import validate
+    from eagle3.params.params_file import Params
 
     target: Path = args.params
     text, made, source = _text(args)

@@ -20,7 +20,7 @@ from typing import Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.gpu_kinds import GPUS
-from eagle3.tools.plan_types import GB
+from eagle3.plan.facts import GB
 
 # vLLM 0.32's verifiers that capture EAGLE-3 states (classes implementing SupportsEagle3 in
 # vllm/model_executor/models/), by the architecture name config.json gives.
@@ -84,7 +84,7 @@ class Verifier:
 def read_verifier(directory: Path, name: str | None, license_id: str | None) -> Verifier:
     """The verifier in `directory`; Eagle3Error naming the flag for what its files do not say."""
     from eagle3.formats.hf_config import read_config, stored_dtype, text_config
-    from eagle3.tools.plan_verifier import weights_bytes
+    from eagle3.plan.verifier import weights_bytes
 
     directory = directory.resolve()
     config = read_config(directory, "--verifier must be a Hugging Face model directory (config.json, weights)")
@@ -193,8 +193,8 @@ def answer_tokens(verifier: Verifier, thinking: bool) -> int:
 def recompute_that_fits(verifier: Verifier, gpu: str, gpus: int, tokens: int, ttt_steps: int) -> tuple[str, str]:
     """The least recompute (train.activation_checkpointing) at which `tokens` per GPU train, and the figure why."""
     from eagle3.params.train import EAGLE_3_1, RECOMPUTE, TrainParams, draft_settings
-    from eagle3.tools.plan_memory import compute_train_memory, estimate
-    from eagle3.tools.plan_types import Machine
+    from eagle3.plan.facts import Machine
+    from eagle3.plan.memory import compute_train_memory, estimate
 
     train = TrainParams(draft_layout=EAGLE_3_1)
     lines = estimate(verifier.text, DRAFT_VOCAB, ttt_steps, gpus, "ddp", draft_settings(train))
@@ -247,9 +247,9 @@ def params_for(
 ) -> str:
     """The params file (its text, comments included) for `verifier` on `gpus` x `gpu` in one machine; the weights at
     `source_path` (default: where its files are), `origin` saying where its files came from (a shipped recipe's)."""
+    from eagle3.init.files import CONFIGS_DIR, yaml_round_trip
     from eagle3.params.train import EAGLE_3_1
     from eagle3.publish.licenses import CONDITIONAL, PERMISSIVE, classify, normalize
-    from eagle3.tools.config_files import CONFIGS_DIR, yaml_round_trip
 
     if verifier.remote_code and not trust_remote_code:
         raise Eagle3Error(

@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from eagle3.tools.configs import render
-from eagle3.tools.plan_config import CONFIGURED
+from eagle3.init.shipped import render
+from eagle3.plan.configured import CONFIGURED
 
 from conftest import eagle3, write_params
 
@@ -92,11 +92,11 @@ def test_the_params_decide_what_the_flags_would_and_each_input_names_its_source(
     tokens = 2000 * 16384
     assert from_params["tokens"] == tokens
     assert from_params["hidden_states"]["raw_bytes"] == tokens * 3 * 7168 * 2
-    # The draft the trainer builds from these settings (eagle3/tools/plan_memory.py draft_figures), its checkpoints
+    # The draft the trainer builds from these settings (eagle3/plan/memory.py draft_figures), its checkpoints
     # from the optimizer's state (AdamW: two moments and a step count per parameter), 4 kept.
     from eagle3.params.train import TrainParams, draft_settings
-    from eagle3.tools.plan_memory import draft_figures
-    from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+    from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
+    from eagle3.plan.memory import draft_figures
 
     train = TrainParams.model_validate(
         {key: value for (section, key), value in CHANGED.items() if section == "train" and key != "launch"}
@@ -128,7 +128,7 @@ def test_a_flag_overrides_the_params_and_says_so(tmp_path):
 def test_without_params_the_shipped_configuration_answers_and_is_named(tmp_path):
     """No params file: every setting the shipped hero configuration decides is its value, named as its; what the
     run is (samples, length, storage) is asked for or measured, and the GPUs it leaves open fall back."""
-    from eagle3.tools.plan_config import shipped_params
+    from eagle3.plan.configured import shipped_params
 
     shipped = shipped_params()
     plan = _plan(tmp_path, "--samples", "3000")
@@ -197,7 +197,7 @@ def test_layout_c_whose_verifier_and_trainer_do_not_fit_a_gpu_is_ruled_out(tmp_p
     """The share of each GPU the params give the verifier beside the trainers, held to the GPU kind: as shipped for
     stored states (0.9 of an H200) it leaves no room, as `eagle3 init --layout C --gpu h200` sizes it (0.64, phases)
     it fits."""
-    from eagle3.tools.configs import render
+    from eagle3.init.shipped import render
 
     params = yaml.safe_load(render("kimi-k2.5", "C", "h200"))
     write_params(tmp_path, params)
@@ -240,7 +240,7 @@ def test_the_training_memory_is_the_draft_the_params_shape(tmp_path):
 
     from eagle3.modeling.draft import Eagle3Draft
     from eagle3.params.train import TrainParams
-    from eagle3.tools.plan_types import KIMI_K2_5_TEXT_CONFIG
+    from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
     from eagle3.training.memory import draft_config_for
 
     narrow = {"intermediate_size": 9216, "attention": {"num_attention_heads": 32, "num_key_value_heads": 8}}

@@ -23,10 +23,10 @@ from eagle3.paths import (
     VERIFIER_DIR,
     prepared_split,
 )
-from eagle3.tools.plan_config import Configured
+from eagle3.plan.configured import Configured
 
 if TYPE_CHECKING:
-    from eagle3.config import Params
+    from eagle3.params.params_file import Params
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,8 @@ def run_work(params: "Params", root: Path, verifier: str | None) -> RunWork:
 
 def serving_rate(args: argparse.Namespace, root: Path, configured: Configured) -> tuple[float | None, str]:
     """Output tokens/s of the verifier's server here: --serve-tokens-per-s, else what generate measured on it (its
-    servers, or its engine), else None (assumed per GPU: eagle3/tools/plan.py), with the source."""
-    from eagle3.tools.plan import SERVE_TOKENS_PER_S_PER_GPU
+    servers, or its engine), else None (assumed per GPU: eagle3/plan/model.py), with the source."""
+    from eagle3.plan.model import SERVE_TOKENS_PER_S_PER_GPU
 
     if args.serve_tokens_per_s is not None:
         return args.serve_tokens_per_s, "--serve-tokens-per-s"

@@ -1,5 +1,5 @@
 """Where each input of `eagle3 plan` comes from: flags, presets, the project's measured metrics and DVC config, and
-the verifier's own config (eagle3/tools/plan_verifier.py). Every value is checked here, so a bad one ends in one
+the verifier's own config (eagle3/plan/verifier.py). Every value is checked here, so a bad one ends in one
 error line naming its flag, and each input that was not given says its source (`Inputs.sources`) or why it may
 mislead (`Inputs.warnings`)."""
 
@@ -15,21 +15,9 @@ from eagle3.formats.provenance import read_provenance, verifier_location
 from eagle3.gpu_kinds import GPUS
 from eagle3.params.train import DraftLayout, TrainParams, draft_settings
 from eagle3.paths import EXTRACT_METRICS, PROVENANCE, VERIFIER_DIR
-from eagle3.tools.dvc_config import cache_option, usable_cache_link
-from eagle3.tools.plan import HASH_THREADS, SERVER_LOAD_BYTES_PER_S
-from eagle3.tools.plan_config import FINAL_LAYERS, Configured
-from eagle3.tools.plan_config import apply as apply_configuration
-from eagle3.tools.plan_flags import validate_args
-from eagle3.tools.plan_measured import CompressionRatio, Measured, compression_ratio, read_measurements
-from eagle3.tools.plan_memory import (
-    TrainMemory,
-    compute_train_memory,
-    draft_figures,
-    estimate,
-    memory_warning,
-)
-from eagle3.tools.plan_preflight import PreflightFigures, disk_words, preflights
-from eagle3.tools.plan_types import (
+from eagle3.plan.configured import FINAL_LAYERS, Configured
+from eagle3.plan.configured import apply as apply_configuration
+from eagle3.plan.facts import (
     CACHE_LINKS,
     GB,
     GPU_MEMORY_UTILIZATION,
@@ -42,8 +30,20 @@ from eagle3.tools.plan_types import (
     size,
     weights_fit,
 )
-from eagle3.tools.plan_verifier import require_parameter_count, verifier_from_args
-from eagle3.tools.plan_work import RunWork, measured_mean_tokens, run_work, serving_rate
+from eagle3.plan.flags import validate_args
+from eagle3.plan.measured import CompressionRatio, Measured, compression_ratio, read_measurements
+from eagle3.plan.memory import (
+    TrainMemory,
+    compute_train_memory,
+    draft_figures,
+    estimate,
+    memory_warning,
+)
+from eagle3.plan.model import HASH_THREADS, SERVER_LOAD_BYTES_PER_S
+from eagle3.plan.preflight_reports import PreflightFigures, disk_words, preflights
+from eagle3.plan.verifier import require_parameter_count, verifier_from_args
+from eagle3.plan.work import RunWork, measured_mean_tokens, run_work, serving_rate
+from eagle3.remotes.dvc_settings import cache_option, usable_cache_link
 from eagle3.training.data import tokens_per_process
 
 # This machine's data volume where neither --here-disk-tb nor --here-preflight says.
@@ -174,7 +174,7 @@ def probe_link(args: argparse.Namespace, root: Path) -> Link:
             None,
             f"--link-gbit {args.link_gbit:g}{given} x --link-efficiency {args.link_efficiency:g}{efficiency}",
         )
-    from eagle3.tools.remotes import measure_upload
+    from eagle3.remotes.probe import measure_upload
 
     measurement = measure_upload(root, args.link_from_remote, int(args.probe_mb * 1e6), args.jobs)
     return Link(

@@ -1,6 +1,6 @@
 """The shipped configurations (eagle3/configs/NAME.yaml), the one-machine recipes' own files and choices
 (eagle3/configs/verifiers/NAME/recipe.json), and the YAML round trip that keeps their comments, for
-`eagle3 init` (eagle3/tools/configs.py) and the files it sizes for other verifiers (eagle3/tools/init_verifier.py)."""
+`eagle3 init` (eagle3/init/shipped.py) and the files it sizes for other verifiers (eagle3/init/from_verifier.py)."""
 
 import json
 from dataclasses import dataclass
@@ -9,7 +9,7 @@ from pathlib import Path
 from eagle3.errors import Eagle3Error
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
-# A one-machine recipe's own files (eagle3/tools/recipes.py): RECIPES_DIR/NAME/recipe.json and the model's files.
+# A one-machine recipe's own files (eagle3/init/recipes.py): RECIPES_DIR/NAME/recipe.json and the model's files.
 RECIPES_DIR = CONFIGS_DIR / "verifiers"
 # Where a recipe expects the weights; the machine's own place is EAGLE3_VERIFIER_PATH.
 MODELS_DIR = "/models"

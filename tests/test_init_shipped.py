@@ -8,10 +8,10 @@ import sys
 import pytest
 import yaml
 
-from eagle3.config import Params, check_against_verifier, load_params
 from eagle3.errors import Eagle3Error
+from eagle3.init.shipped import CONFIGS_DIR, LAYOUT_KEYS, LAYOUTS, render, shipped
 from eagle3.params.loading import validate
-from eagle3.tools.configs import CONFIGS_DIR, LAYOUT_KEYS, LAYOUTS, render, shipped
+from eagle3.params.params_file import Params, check_against_verifier, load_params
 
 from conftest import REPO
 from fake_provenance import write_fake_provenance
@@ -172,7 +172,7 @@ def test_evaluate_engines_on_a_gpu_hold_the_verifier_in_the_dtype_they_compute_i
     doubles it past 0.3 x 80 GB, refused before any stage runs, naming the keys; auto (bf16) fits."""
     import json
 
-    from eagle3.tools.plan_memory import check_evaluate_memory
+    from eagle3.plan.memory import check_evaluate_memory
 
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["train"]["launch"] = {**params["train"].get("launch", {}), "gpu": "h100"}

@@ -1,4 +1,4 @@
-"""The shipped one-machine recipes (eagle3/tools/recipes.py): each is what `eagle3 init --verifier` writes from the
+"""The shipped one-machine recipes (eagle3/init/recipes.py): each is what `eagle3 init --verifier` writes from the
 model's own files kept beside it at a pinned Hub revision, validates as params, and is what `eagle3 init NAME
 --layout single` writes; another GPU kind or count sizes it again from the same files."""
 
@@ -8,10 +8,10 @@ import re
 import pytest
 import yaml
 
-from eagle3.config import load_params
-from eagle3.tools.config_files import CONFIGS_DIR, recipe, recipes, shipped
-from eagle3.tools.init_verifier import _thinking_switch, template_switch
-from eagle3.tools.recipes import render_recipe, stale
+from eagle3.init.files import CONFIGS_DIR, recipe, recipes, shipped
+from eagle3.init.from_verifier import _thinking_switch, template_switch
+from eagle3.init.recipes import render_recipe, stale
+from eagle3.params.params_file import load_params
 
 from conftest import eagle3
 

@@ -9,12 +9,12 @@ whether to extract the hidden states here and ship them (A), ship the text and e
 stream the states there, storing none (C: train.hidden_states streamed, the verifier's forward pass in every epoch,
 the buffer train.stream_buffer_gb as its only disk for states).
 
-Not a DVC stage: it reads CLI flags (eagle3/tools/plan_flags.py), params.yaml and, where present, the extract stage's
+Not a DVC stage: it reads CLI flags (eagle3/plan/flags.py), params.yaml and, where present, the extract stage's
 metrics.
-Every number comes from one of the formulas below (the training memory's: eagle3/tools/plan_memory.py);
+Every number comes from one of the formulas below (the training memory's: eagle3/plan/memory.py);
 docs/planning.md walks through the seed case.
 Each section below is a function here building a frozen dataclass whose fields are the plan's JSON keys (to_json in
-eagle3/tools/plan_types.py, with the fixed facts and the inputs' types).
+eagle3/plan/facts.py, with the fixed facts and the inputs' types).
 
 Units: 1 GB = 1e9 bytes, 1 TB = 1e12 bytes, 1 Gbit/s = 1e9 bit/s (as links and disks are sold).
 
@@ -26,7 +26,7 @@ Sizes
     largest_sample      = max_tokens * bytes_per_token              (one record, held in memory while written)
     text                = tokens * TEXT_BYTES_PER_TOKEN             (prompts + synthetic answers, before zstd)
     draft_params        = the parameters of the draft the train stage builds for these inputs (the verifier's
-                          config, the aux layers, the draft vocabulary and the train settings: plan_memory.py
+                          config, the aux layers, the draft vocabulary and the train settings: eagle3/plan/memory.py
                           draft_figures, on the meta device; embeddings are the verifier's and are not stored)
     checkpoint          = its weights in fp32 and train.optimizer's state (eagle3/formats/checkpoints.py
                           checkpoint_bytes: AdamW's two moments, Muon's one per matrix)
@@ -112,9 +112,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import partial
 
 from eagle3.gpu_kinds import GPUS
-from eagle3.tools.gpu_check import total_limit_s
-from eagle3.tools.plan_memory import StreamedFit, TrainMemory, compute_train_memory, streamed_fit, verifier_share
-from eagle3.tools.plan_types import (
+from eagle3.plan.facts import (
     CACHE_LINKS,
     GB,
     GPU_MEMORY_UTILIZATION,
@@ -128,7 +126,9 @@ from eagle3.tools.plan_types import (
     size,
     weights_fit,
 )
-from eagle3.tools.preflight_items import BUDGETS_S as PREFLIGHT_BUDGETS_S
+from eagle3.plan.memory import StreamedFit, TrainMemory, compute_train_memory, streamed_fit, verifier_share
+from eagle3.preflight.gpu_check import total_limit_s
+from eagle3.preflight.items import BUDGETS_S as PREFLIGHT_BUDGETS_S
 
 # Prompts and answers as UTF-8 text: ~4 characters per token, before zstd.
 TEXT_BYTES_PER_TOKEN = 4

@@ -1,4 +1,4 @@
-"""`eagle3 preflight`'s machine items (eagle3/tools/preflight.py): what the machine has, which precision each device
+"""`eagle3 preflight`'s machine items (eagle3/preflight/run.py): what the machine has, which precision each device
 runs fastest in, the all-reduce the training processes would do, and the data path (disk, shard decoding)."""
 
 import math
@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from eagle3.tools.dvc_config import dvc_cache_dir, nearest_existing
-from eagle3.tools.preflight_items import GB, Context, Fix, Item
+from eagle3.preflight.items import GB, Context, Fix, Item
+from eagle3.remotes.dvc_settings import dvc_cache_dir, nearest_existing
 
 MATMUL_SIZE = 1024
 

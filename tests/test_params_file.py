@@ -5,8 +5,8 @@ import sys
 import pytest
 import yaml
 
-from eagle3.config import load_params
 from eagle3.errors import Eagle3Error
+from eagle3.params.params_file import load_params
 
 from conftest import REPO, SMOKE_PARAMS, smoke_params, write_params
 from fake_provenance import write_fake_provenance
@@ -354,7 +354,7 @@ def test_settings_that_usually_mean_a_mistake_are_warned_about_naming_the_keys(t
     ],
 )
 def test_what_the_verifier_bounds_is_refused_before_any_stage_runs(tmp_path, change, message):
-    from eagle3.config import check_against_verifier
+    from eagle3.params.params_file import check_against_verifier
 
     write_fake_provenance(tmp_path, name="HuggingFaceTB/SmolLM2-135M-Instruct")
     path = write_params(tmp_path, _set(smoke_params(), *change))
@@ -371,7 +371,7 @@ def test_a_record_of_another_verifier_is_named_and_nothing_is_checked_against_it
     """After `make repro` the workspace holds the embedded default's record; a configuration of another verifier is
     not checked against SmolLM2's shape (whose 8,192-token context would refuse Kimi-K2.5's 20,480-token samples),
     and `eagle3 check` says so, as it says what it cannot check before any verifier stage ran."""
-    from eagle3.tools.configs import render
+    from eagle3.init.shipped import render
 
     (tmp_path / "params.yaml").write_text(render("kimi-k2.5", "B"))
     checked = _eagle3_check(tmp_path)

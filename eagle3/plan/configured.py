@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from eagle3.config import Params
+    from eagle3.params.params_file import Params
 
 # Flag (as its attribute) -> dotted params key.
 CONFIGURED: dict[str, str] = {
@@ -48,9 +48,9 @@ def shipped_params() -> "Params":
     """The shipped hero configuration, validated as a params file (layout B: stored states)."""
     import yaml
 
-    from eagle3.config import Params
+    from eagle3.init.shipped import CONFIGS_DIR, render
     from eagle3.params.loading import validate
-    from eagle3.tools.configs import CONFIGS_DIR, render
+    from eagle3.params.params_file import Params
 
     return validate(yaml.safe_load(render(SHIPPED, "B")), Params, CONFIGS_DIR / f"{SHIPPED}.yaml")
 
@@ -94,7 +94,7 @@ def apply(args: argparse.Namespace, params_path: Path) -> tuple[Configured, dict
     sources: dict[str, str] = {}
     params = None
     if params_path.is_file():
-        from eagle3.config import load_params
+        from eagle3.params.params_file import load_params
 
         params = load_params(params_path)
     for flag, key in CONFIGURED.items():

@@ -1,1 +1,0 @@
-"""Commands around the pipeline that are not stages: planning the hero run, probing a DVC remote."""
