@@ -235,20 +235,38 @@ def _flow(values: list[Any]):
     return node
 
 
-def params_for(
-    verifier: Verifier,
-    gpu: str,
-    gpus: int,
-    thinking: bool | None,
-    trust_remote_code: bool,
-    license_override: str | None,
-    source_path: str | None = None,
-    origin: str | None = None,
+@dataclass(frozen=True)
+class Sizing:
+    """What `init --verifier` decides for one verifier on one machine, before it is written section by section."""
+
+    verifier: Verifier
+    gpu: str
+    gpus: int
+    license_id: str
+    thinks: bool
+    answers: int  # generate's answer length
+    longest: int  # the longest sample extract stores
+    ttt_steps: int
+    recompute: str
+    recompute_reason: str
+    engine: list[tuple[str, Any, str | None]]  # the vLLM settings every engine shares
+    probe: bool  # whether the context holds evaluate's long-context probe
+
+    @property
+    def switch(self) -> dict[str, bool]:
+        """The chat template's thinking switch, as generate and evaluate pass it."""
+        return {self.verifier.thinking_switch: self.thinks} if self.verifier.thinking_switch else {}
+
+    @property
+    def captured(self) -> tuple[int, int, int]:
+        layers = self.verifier.layers
+        return 2, layers // 2, layers - 3
+
+
+def _refuse_what_needs_a_choice(
+    verifier: Verifier, thinking: bool | None, trust_remote_code: bool, license_override: str | None
 ) -> str:
-    """The params file (its text, comments included) for `verifier` on `gpus` x `gpu` in one machine; the weights at
-    `source_path` (default: where its files are), `origin` saying where its files came from (a shipped recipe's)."""
-    from eagle3.init.files import CONFIGS_DIR, yaml_round_trip
-    from eagle3.params.train import EAGLE_3_1
+    """The verifier's license id, once every choice the user must make for it is made; one line otherwise."""
     from eagle3.publish.licenses import CONDITIONAL, PERMISSIVE, classify, normalize
 
     if verifier.remote_code and not trust_remote_code:
@@ -270,145 +288,206 @@ def params_for(
             + ("" if category == CONDITIONAL else ", or another verifier")
         )
     layers = verifier.layers
-    captured = (2, layers // 2, layers - 3)
     if not 2 < layers // 2 < layers - 3:
         raise Eagle3Error(
-            f"--verifier: {layers} layers, where vLLM's default captured layers {captured} do not rise; a verifier "
-            "this shallow needs extract.aux_layer_ids set by hand"
+            f"--verifier: {layers} layers, where vLLM's default captured layers {(2, layers // 2, layers - 3)} do not "
+            "rise; a verifier this shallow needs extract.aux_layer_ids set by hand"
         )
-    gpu_name = GPUS[gpu].name
-    tensor_parallel_size = tensor_parallel(verifier, gpu, gpus)
+    return license_id
+
+
+def size_for(verifier: Verifier, gpu: str, gpus: int, thinking: bool | None, license_id: str) -> Sizing:
     thinks = bool(thinking)
     answers = answer_tokens(verifier, thinks)
     longest = answers + PROMPT_ROOM
     ttt_steps = 7
-    recompute, memory = recompute_that_fits(verifier, gpu, gpus, longest, ttt_steps)
+    recompute, reason = recompute_that_fits(verifier, gpu, gpus, longest, ttt_steps)
+    tensor_parallel_size = tensor_parallel(verifier, gpu, gpus)
     weights_gb = verifier.weights_bytes / GB
     tp_reason = (
         f"{_gb(weights_gb)} GB of weights: {_gb(weights_gb / tensor_parallel_size)} GB per GPU leaves the KV cache "
-        f"room in {ENGINE_SHARE} of a {gpu_name}"
+        f"room in {ENGINE_SHARE} of a {GPUS[gpu].name}"
     )
     engine = [
         ("tensor_parallel_size", tensor_parallel_size, tp_reason),
         ("gpu_memory_utilization", ENGINE_SHARE, "the stages run one at a time, each alone on the GPUs"),
         ("enforce_eager", False, "CUDA graphs"),
     ]
-    sampling = verifier.sampling
-    kimi = yaml_round_trip().load((CONFIGS_DIR / "kimi-k2.5.yaml").read_text(encoding="utf-8"))
-    switch = {verifier.thinking_switch: thinks} if verifier.thinking_switch else {}
-    context = verifier.context
-    probe = context >= LONG_CONTEXT + answers
-    draft_vocab = min(DRAFT_VOCAB, int(verifier.text["vocab_size"]))
-    document = _map(
+    probe = verifier.context >= LONG_CONTEXT + answers
+    return Sizing(
+        verifier, gpu, gpus, license_id, thinks, answers, longest, ttt_steps, recompute, reason, engine, probe
+    )
+
+
+def _verifier_section(sizing: Sizing, source_path: str | None, license_override: str | None):
+    verifier = sizing.verifier
+    if verifier.dtype:
+        dtype_reason = "as its checkpoint stores it (its config.json)"
+    else:
+        dtype_reason = "its config.json names none: what the GPUs compute in" + (
+            f" (its weights are {verifier.quantization}-quantized)" if verifier.quantization else ""
+        )
+    return _map(
         (
-            "verifier",
+            "source",
             _map(
-                (
-                    "source",
-                    _map(
-                        ("kind", "local", "its Hugging Face directory on this machine (hashed, not copied)"),
-                        ("path", source_path or str(verifier.directory), None),
-                        ("name", verifier.name, None),
-                        ("license", license_id, "from its model card" if not license_override else None),
-                    ),
-                    None,
-                ),
-                ("dtype", verifier.dtype or "bfloat16", "as its checkpoint stores it (its config.json)"
-                 if verifier.dtype else "its config.json names none: what the GPUs compute in"
-                 + (f" (its weights are {verifier.quantization}-quantized)" if verifier.quantization else "")),
-                ("trust_remote_code", verifier.remote_code, "its config.json names code of its own (auto_map)"
-                 if verifier.remote_code else None),
+                ("kind", "local", "its Hugging Face directory on this machine (hashed, not copied)"),
+                ("path", source_path or str(verifier.directory), None),
+                ("name", verifier.name, None),
+                ("license", sizing.license_id, "from its model card" if not license_override else None),
             ),
             None,
         ),
-        ("prepare", _map(
-            ("sources", kimi["prepare"]["sources"], None),
-            ("max_rows", 3000, "a first run's conversations; raise it as `eagle3 plan` prices more"),
-            ("max_rows_per_source", None, None),
-            ("heldout_rows", 128, "the offline estimate and the held-out acceptance"),
+        ("dtype", verifier.dtype or "bfloat16", dtype_reason),
+        (
+            "trust_remote_code",
+            verifier.remote_code,
+            "its config.json names code of its own (auto_map)" if verifier.remote_code else None,
+        ),
+    )
+
+
+def _generate_section(sizing: Sizing):
+    sampling, thinks = sizing.verifier.sampling, sizing.thinks
+    return _map(
+        ("backend", "vllm", "in-process on this machine's GPUs"),
+        ("turns", "all", "every assistant turn, each on the regenerated history"),
+        ("splits", _flow(["train", "heldout"]), None),
+        ("chunk_size", 256, "conversations per part: the unit of resume"),
+        ("chat_template_kwargs", _map(*[(key, value, None) for key, value in sizing.switch.items()]),
+         f"thinking {'on' if thinks else 'off'} (eagle3 init --thinking); evaluate asks with the same"
+         if sizing.switch else None),
+        ("sampling", _map(
+            ("temperature", sampling.get("temperature", 1.0),
+             "generation_config.json's" if "temperature" in sampling else "the model's own distribution"),
+            ("top_p", sampling.get("top_p", 1.0), "generation_config.json's" if "top_p" in sampling else "unshaped"),
+            ("max_tokens", sizing.answers, ("long reasoning answers whole" if thinks else "whole answers")
+             + f", within its {sizing.verifier.context:,}-token context"),
             ("seed", 0, None),
         ), None),
-        ("benchmarks", _map(("sets", kimi["benchmarks"]["sets"], None)), None),
-        ("generate", _map(
-            ("backend", "vllm", "in-process on this machine's GPUs"),
-            ("turns", "all", "every assistant turn, each on the regenerated history"),
-            ("splits", _flow(["train", "heldout"]), None),
-            ("chunk_size", 256, "conversations per part: the unit of resume"),
-            ("chat_template_kwargs", _map(*[(key, value, None) for key, value in switch.items()]),
-             f"thinking {'on' if thinks else 'off'} (eagle3 init --thinking); evaluate asks with the same"
-             if switch else None),
-            ("sampling", _map(
-                ("temperature", sampling.get("temperature", 1.0),
-                 "generation_config.json's" if "temperature" in sampling else "the model's own distribution"),
-                ("top_p", sampling.get("top_p", 1.0),
-                 "generation_config.json's" if "top_p" in sampling else "unshaped"),
-                ("max_tokens", answers, ("long reasoning answers whole" if thinks else "whole answers")
-                 + f", within its {context:,}-token context"),
-                ("seed", 0, None),
-            ), None),
-            ("vllm", _map(*engine, ("max_model_len", longest, "the longest sample extract stores")), None),
+        ("vllm", _map(*sizing.engine, ("max_model_len", sizing.longest, "the longest sample extract stores")), None),
+    )  # fmt: skip
+
+
+def _extract_section(sizing: Sizing):
+    layers, answers = sizing.verifier.layers, sizing.answers
+    return _map(
+        ("backend", "vllm", "the same engine as generate, on the same GPUs"),
+        ("vllm", _map(*sizing.engine), None),
+        ("aux_layer_ids", None, f"vLLM's default for {layers} layers: {', '.join(map(str, sizing.captured))}"),
+        ("dtype", "auto", "bfloat16 on the GPUs"),
+        ("splits", _flow(["train", "heldout"]), None),
+        ("max_seq_len", sizing.longest, f"a {answers:,}-token answer plus up to {PROMPT_ROOM:,} tokens of prompt"),
+        ("batch_tokens", 65536, None),
+        ("shard_raw_mb", 1024, "the unit of resume and of `dvc push`"),
+        ("storage", "bf16-lossless", "lossless; `eagle3 plan` prices the 8-bit storages beside it"),
+        ("compression_level", 1, None),
+        ("compression_threads", 8, None),
+        ("reserve_free_gb", 50.0, None),
+    )
+
+
+def _train_section(sizing: Sizing):
+    from eagle3.params.train import EAGLE_3_1
+
+    gpus = sizing.gpus
+    return _map(
+        ("ttt_steps", sizing.ttt_steps, "SpecForge's training depth; serving drafts 3"),
+        ("epochs", 4, None),
+        ("optimizer", "muon", "deeper acceptance than AdamW at the same steps (benchmarks/README.md)"),
+        ("batch_size", 2 * gpus, f"sequences per optimizer step, over {gpus} GPU(s)"),
+        ("max_tokens_per_batch", gpus * sizing.longest, "one longest sample per GPU, more of the short ones"),
+        ("precision", "auto", "bf16 autocast on the GPUs"),
+        ("activation_checkpointing", sizing.recompute, sizing.recompute_reason),
+        ("sharding", "ddp", "the one-layer draft replicates on every GPU"),
+        ("draft_layout", _map(*[(key, value, None) for key, value in EAGLE_3_1.model_dump().items()]),
+         "EAGLE 3.1: a norm per captured layer before fc, post-norm feedback (benchmarks/README.md)"),
+        ("launch", _map(
+            ("processes_per_node", gpus, "one per GPU"),
+            ("gpu", sizing.gpu, f"{GPUS[sizing.gpu].name}: `eagle3 check` holds training and evaluate to its memory"),
         ), None),
-        ("extract", _map(
-            ("backend", "vllm", "the same engine as generate, on the same GPUs"),
-            ("vllm", _map(*engine), None),
-            ("aux_layer_ids", None, f"vLLM's default for {layers} layers: {', '.join(map(str, captured))}"),
-            ("dtype", "auto", "bfloat16 on the GPUs"),
-            ("splits", _flow(["train", "heldout"]), None),
-            ("max_seq_len", longest, f"a {answers:,}-token answer plus up to {PROMPT_ROOM:,} tokens of prompt"),
-            ("batch_tokens", 65536, None),
-            ("shard_raw_mb", 1024, "the unit of resume and of `dvc push`"),
-            ("storage", "bf16-lossless", "lossless; `eagle3 plan` prices the 8-bit storages beside it"),
-            ("compression_level", 1, None),
-            ("compression_threads", 8, None),
-            ("reserve_free_gb", 50.0, None),
-        ), None),
-        ("vocab", _map(("draft_vocab_size", draft_vocab, "as published EAGLE-3 drafts (SpecForge's configs)")), None),
-        ("train", _map(
-            ("ttt_steps", ttt_steps, "SpecForge's training depth; serving drafts 3"),
-            ("epochs", 4, None),
-            ("optimizer", "muon", "deeper acceptance than AdamW at the same steps (benchmarks/README.md)"),
-            ("batch_size", 2 * gpus, f"sequences per optimizer step, over {gpus} GPU(s)"),
-            ("max_tokens_per_batch", gpus * longest, "one longest sample per GPU, more of the short ones"),
-            ("precision", "auto", "bf16 autocast on the GPUs"),
-            ("activation_checkpointing", recompute, memory),
-            ("sharding", "ddp", "the one-layer draft replicates on every GPU"),
-            ("draft_layout", _map(*[(key, value, None) for key, value in EAGLE_3_1.model_dump().items()]),
-             "EAGLE 3.1: a norm per captured layer before fc, post-norm feedback (benchmarks/README.md)"),
-            ("launch", _map(
-                ("processes_per_node", gpus, "one per GPU"),
-                ("gpu", gpu, f"{gpu_name}: `eagle3 check` holds training and evaluate to its memory"),
-            ), None),
-            ("seed", 0, None),
-        ), None),
-        ("export", _map(("dtype", "bfloat16", None), ("num_speculative_tokens", 3, None)), None),
-        ("evaluate", _map(
-            ("backend", "engines", "in-process vLLM engines on this machine, one configuration at a time"),
-            ("headline_k", 3, "the published drafts' \"3 steps, top-k 1, 4 draft tokens\""),
-            ("temperature", sampling.get("temperature", 1.0), "the sampled runs as generate sampled"),
-            ("max_tokens", min(answers, 4096), "acceptance over up to 4,096 tokens of each answer"),
-            ("max_prompts", None, "every held-out prompt"),
-            ("seed", 0, None),
-            ("long_context", _map(("conversations", 32, None), ("context_tokens", LONG_CONTEXT, None))
-             if probe else None, "chat histories of held-out conversations" if probe
-             else f"off: its {context:,}-token context holds no {LONG_CONTEXT:,}-token history"),
-            ("vllm", _map(
-                ("dtype", "auto", "bfloat16 on the GPUs: the lossless check is then a measured agreement"),
-                *engine,
-                ("max_model_len", (LONG_CONTEXT if probe else PROMPT_ROOM) + min(answers, 4096), None),
-            ), None),
-        ), None),
-        ("report", _map(
-            ("draft_repo", None, "the Hub repo you publish as (the card's serve command)"),
-            ("license", None, f"the verifier's: {license_id}"),
-            ("license_overrides", [_map(("license", license_id, None), ("reason", license_override, None))]
-             if license_override else [], None),
-            ("sub_source_licenses", {}, None),
+        ("seed", 0, None),
+    )  # fmt: skip
+
+
+def _evaluate_section(sizing: Sizing):
+    answers, probe = sizing.answers, sizing.probe
+    if probe:
+        long_context = _map(("conversations", 32, None), ("context_tokens", LONG_CONTEXT, None))
+        probe_reason = "chat histories of held-out conversations"
+    else:
+        long_context = None
+        probe_reason = f"off: its {sizing.verifier.context:,}-token context holds no {LONG_CONTEXT:,}-token history"
+    return _map(
+        ("backend", "engines", "in-process vLLM engines on this machine, one configuration at a time"),
+        ("headline_k", 3, "the published drafts' \"3 steps, top-k 1, 4 draft tokens\""),
+        ("temperature", sizing.verifier.sampling.get("temperature", 1.0), "the sampled runs as generate sampled"),
+        ("max_tokens", min(answers, 4096), "acceptance over up to 4,096 tokens of each answer"),
+        ("max_prompts", None, "every held-out prompt"),
+        ("seed", 0, None),
+        ("long_context", long_context, probe_reason),
+        ("vllm", _map(
+            ("dtype", "auto", "bfloat16 on the GPUs: the lossless check is then a measured agreement"),
+            *sizing.engine,
+            ("max_model_len", (LONG_CONTEXT if probe else PROMPT_ROOM) + min(answers, 4096), None),
         ), None),
     )  # fmt: skip
+
+
+def _report_section(sizing: Sizing, license_override: str | None):
+    overrides = (
+        [_map(("license", sizing.license_id, None), ("reason", license_override, None))] if license_override else []
+    )
+    return _map(
+        ("draft_repo", None, "the Hub repo you publish as (the card's serve command)"),
+        ("license", None, f"the verifier's: {sizing.license_id}"),
+        ("license_overrides", overrides, None),
+        ("sub_source_licenses", {}, None),
+    )
+
+
+def params_for(
+    verifier: Verifier,
+    gpu: str,
+    gpus: int,
+    thinking: bool | None,
+    trust_remote_code: bool,
+    license_override: str | None,
+    source_path: str | None = None,
+    origin: str | None = None,
+) -> str:
+    """The params file (its text, comments included) for `verifier` on `gpus` x `gpu` in one machine; the weights at
+    `source_path` (default: where its files are), `origin` saying where its files came from (a shipped recipe's).
+    The data sources and benchmark sets are the shipped hero configuration's."""
+    from eagle3.init.files import CONFIGS_DIR, yaml_round_trip
+
+    license_id = _refuse_what_needs_a_choice(verifier, thinking, trust_remote_code, license_override)
+    sizing = size_for(verifier, gpu, gpus, thinking, license_id)
+    kimi = yaml_round_trip().load((CONFIGS_DIR / "kimi-k2.5.yaml").read_text(encoding="utf-8"))
+    draft_vocab = min(DRAFT_VOCAB, int(verifier.text["vocab_size"]))
+    prepare = _map(
+        ("sources", kimi["prepare"]["sources"], None),
+        ("max_rows", 3000, "a first run's conversations; raise it as `eagle3 plan` prices more"),
+        ("max_rows_per_source", None, None),
+        ("heldout_rows", 128, "the offline estimate and the held-out acceptance"),
+        ("seed", 0, None),
+    )
+    document = _map(
+        ("verifier", _verifier_section(sizing, source_path, license_override), None),
+        ("prepare", prepare, None),
+        ("benchmarks", _map(("sets", kimi["benchmarks"]["sets"], None)), None),
+        ("generate", _generate_section(sizing), None),
+        ("extract", _extract_section(sizing), None),
+        ("vocab", _map(("draft_vocab_size", draft_vocab, "as published EAGLE-3 drafts (SpecForge's configs)")), None),
+        ("train", _train_section(sizing), None),
+        ("export", _map(("dtype", "bfloat16", None), ("num_speculative_tokens", 3, None)), None),
+        ("evaluate", _evaluate_section(sizing), None),
+        ("report", _report_section(sizing, license_override), None),
+    )
     document.yaml_set_start_comment(
         f"An EAGLE-3 draft for {verifier.name} ({verifier.architecture}, hidden {verifier.text['hidden_size']}, "
-        f"{layers} layers, vocabulary {int(verifier.text['vocab_size']):,}) on one machine of {gpus} x {gpu_name}:\n"
-        f"every stage there (`dvc repro`). Written by `eagle3 init --verifier`; each value says why."
+        f"{verifier.layers} layers, vocabulary {int(verifier.text['vocab_size']):,}) on one machine of {gpus} x "
+        f"{GPUS[gpu].name}:\nevery stage there (`dvc repro`). Written by `eagle3 init --verifier`; each value says why."
         + (f"\n{origin}" if origin else "")
     )
     out = io.StringIO()
