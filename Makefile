@@ -40,7 +40,7 @@ SYSTEM_PROBLEM = $(shell \
 # Stops make with the one line in $1, if any ($(call) expands its argument once, so each check runs once).
 stop-if = $(if $1,$(error $1))
 
-.PHONY: setup lock repro test gpu-check lint system-packages clean-venv FORCE
+.PHONY: setup lock repro test test-fast gpu-check lint system-packages clean-venv FORCE
 
 setup: $(STAMP)
 
@@ -118,7 +118,12 @@ test: system-packages lint
 	@set -euo pipefail; \
 	caps=$$($(if $(CPU_KIND),$(PY) tests/cpu_kinds.py $(CPU_KIND),true)); \
 	$(if $(CPU_KIND),echo "make test: as $(CPU_KIND): $$caps";) \
-	env $$caps OMP_WAIT_POLICY=PASSIVE PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(TEST_WORKERS)
+	env $$caps OMP_WAIT_POLICY=PASSIVE PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The unit tier: every test not marked slow (no verifier conversion, no DVC pipeline, no vLLM engine run end to end),
+# on the same workers; minutes where `make test` takes most of an hour. CI runs `make test`, which includes it.
+test-fast: PYTEST_ARGS = -m "not slow"
+test-fast: test
 
 # One offline command for one GPU, before anything costly (eagle3/preflight/gpu_check.py says what each step proves).
 gpu-check: setup

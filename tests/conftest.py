@@ -1,8 +1,10 @@
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +13,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# DVC otherwise starts a daemon after each command to report usage, which this machine's closed network answers
+# only by timing out: CPU and seconds the tests' own processes need.
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 SMOKE_PARAMS = REPO / "tests" / "smoke" / "params.yaml"
 # What a project needs besides its outputs: code, stage entry points, DVC wiring and shipped data.
 PROJECT_FILES = ("dvc.yaml", "stages", "eagle3", "data/prompts", ".dvc/config", ".dvcignore")
@@ -156,6 +161,61 @@ def eagle3(root: Path, *args: str, env: dict | None = None, check: bool = True) 
     if check and result.returncode != 0:
         raise AssertionError(f"eagle3 {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
     return result
+
+
+def kill_mid_run(root: Path, stage: str, until, timeout_s: float = 300) -> None:
+    """`eagle3 STAGE` in `root`, SIGKILLed with every process it started (its own session) as soon as `until()`
+    holds: a kill at an arbitrary moment of real work. Fails if the stage ends first or never gets there."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "eagle3.cli", stage],
+        cwd=root,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert process.poll() is None, f"{stage} ended before it could be killed"
+        assert time.monotonic() < deadline, f"{stage} did not get where it is killed within {timeout_s:g} s"
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def losses(root: Path, curve: str = "train/loss") -> list[float]:
+    """A training curve DVCLive wrote (metrics/train/plots/metrics/CURVE.tsv), in step order."""
+    table = (root / "metrics/train/plots/metrics" / f"{curve}.tsv").read_text().splitlines()
+    return [float(line.split("\t")[1]) for line in table[1:]]
+
+
+def user_env() -> dict[str, str]:
+    """A user's shell: this venv's commands first on PATH (dvc, python), and a git identity to commit with."""
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+
+
+def run_in(root: Path, *command: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """A command (git, dvc, ...) in `root`, as a user would type it (in `env`, default user_env()); its output
+    captured, failing the test with it unless `check` is off."""
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, env=env or user_env())
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def train_memory_cache(tmp_path_factory):
+    """The training-memory estimate's cache (eagle3/plan/memory.py) of the module's own: its first plan measures it,
+    the later ones read it (`pytestmark = pytest.mark.usefixtures("train_memory_cache")`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -15,16 +15,15 @@ import sys
 
 import pytest
 import torch
+from drafts import export_every_other_token
 from kimi_miniature import build
 from safetensors.torch import load_file
 from torch import nn
 
-from eagle3.formats.exported_draft import write_drafts
 from eagle3.formats.hf_config import read_config
 from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.params.train import DraftLayer, DraftLayout, DraftMLA
-from eagle3.stages.vocab import mapping
 
 from conftest import REPO
 
@@ -167,19 +166,14 @@ def _compare_with_vllm(
     proposal is the one the project's own forward makes from the same inputs."""
     verifier_dir, embedding = verifier
     draft = draft or _draft(layout)
-    # Every other token of the verifier's vocabulary: d2t's offsets are exercised.
-    vocab = embedding.shape[0]
-    d2t, t2d = mapping(torch.arange(0, vocab, 2), vocab)
-    write_drafts(
+    d2t, _ = export_every_other_token(
         draft,
-        d2t,
-        t2d,
-        tmp_path / "draft",
-        tmp_path / "speculators",
+        tmp_path,
+        embedding.shape[0],
         dtype="float32",
-        num_speculative_tokens=K,
+        k=K,
         verifier_name="tiny/verifier",
-        verifier_architectures=VERIFIER["architectures"],
+        architectures=VERIFIER["architectures"],
     )
     result = subprocess.run(
         [sys.executable, str(REPO / "tests/vllm_proposals.py"), str(verifier_dir), str(tmp_path / export_format),

@@ -9,16 +9,15 @@ answers."""
 
 import pytest
 import torch
+from drafts import export_every_other_token
 from kimi_miniature import build
 
 from eagle3.engines.measurers import evaluate_engine
 from eagle3.engines.speculative import Request, Sampling, Speculation, run
-from eagle3.formats.exported_draft import write_drafts
 from eagle3.formats.hf_config import read_config
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.params.evaluate import EvaluateParams
 from eagle3.params.train import DraftLayout, DraftMLA
-from eagle3.stages.vocab import mapping
 
 from conftest import REPO
 
@@ -72,17 +71,14 @@ def _served_with_draft(tmp_path, verifier, layer: str) -> dict:
         )
     )
     draft.init_weights(torch.Generator().manual_seed(0))
-    d2t, t2d = mapping(torch.arange(0, vocab_size, 2), vocab_size)
-    write_drafts(
+    export_every_other_token(
         draft,
-        d2t,
-        t2d,
-        tmp_path / "draft",
-        tmp_path / "speculators",
+        tmp_path,
+        vocab_size,
         dtype="bfloat16",
-        num_speculative_tokens=K,
+        k=K,
         verifier_name="kimi-miniature",
-        verifier_architectures=config["architectures"],
+        architectures=config["architectures"],
     )
     engine = evaluate_engine(_engine_params(), verifier, tmp_path / "draft", trust_remote_code=True)
     speculation = Speculation("eagle3", K, str(tmp_path / "draft"))

@@ -1,10 +1,8 @@
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ from eagle3.formats.provenance import read_provenance
 from eagle3.formats.shards import HiddenStateDataset, ShardReader
 from eagle3.formats.synthetic import iter_records
 
-from conftest import eagle3, write_params
+from conftest import eagle3, kill_mid_run, write_params
 from fake_openai import FakeServer, completion
 from test_generate import _params, project
 
@@ -123,19 +121,7 @@ def test_sigkill_then_rerun_is_byte_identical(extracted, verifier_project, tmp_p
     with FakeServer(_answer) as server:
         root = project(tmp_path, verifier_project, _extract_params(server.url))
         eagle3(root, "generate")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "eagle3.cli", "extract"],
-        cwd=root,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while not _shards(root) and time.monotonic() < deadline:
-        assert process.poll() is None
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_mid_run(root, "extract", lambda: bool(_shards(root)))
     assert 1 <= len(_shards(root)) < len(_shards(extracted))
     done = len(list((root / "data/hidden").glob("*/part-*.done.json")))
     rerun = eagle3(root, "extract")

@@ -1,10 +1,6 @@
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -13,7 +9,7 @@ import pytest
 from eagle3.environment import read_environments
 from eagle3.formats.synthetic import finished_parts, iter_records
 
-from conftest import eagle3, make_project, smoke_params
+from conftest import eagle3, kill_mid_run, make_project, smoke_params
 
 pytestmark = pytest.mark.slow
 
@@ -114,19 +110,7 @@ def test_vllm_backend_regenerates_every_turn(vllm_run):
 
 def test_sigkill_then_rerun_equals_uninterrupted_run(vllm_run, verifier_project, tmp_path):
     root = project(tmp_path, verifier_project, _params())
-    process = subprocess.Popen(
-        [sys.executable, "-m", "eagle3.cli", "generate"],
-        cwd=root,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while not finished_parts(root / "data/synthetic/train") and time.monotonic() < deadline:
-        assert process.poll() is None, "generate ended before it could be killed"
-        time.sleep(0.1)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_mid_run(root, "generate", lambda: bool(finished_parts(root / "data/synthetic/train")))
     killed_with = len(finished_parts(root / "data/synthetic/train"))
     assert 1 <= killed_with < 5
     assert not (root / "data/synthetic/manifest.json").exists()

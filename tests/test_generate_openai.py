@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from eagle3.precision import resolve
 
 from conftest import eagle3, write_params
 from fake_openai import FakeServer, completion
-from servers import vllm_serve, wait_healthy
+from servers import free_port, vllm_serve, wait_healthy
 from test_generate import _params, output_files, prepared, project, records
 
 pytestmark = pytest.mark.slow
@@ -39,18 +38,12 @@ def _openai(url: str, **settings) -> dict:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _last_line(result) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
 def test_unreachable_server_is_one_clear_error(verifier_project, tmp_path):
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     root = project(tmp_path, verifier_project, _params(_openai(url)))
     result = eagle3(root, "generate", check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -182,7 +175,7 @@ def _serve(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
 
 @pytest.mark.cpu_to_itself
 def test_real_vllm_serve_killed_and_restarted_mid_run(verifier_project, tmp_path):
-    port, log = _free_port(), tmp_path / "serve.log"
+    port, log = free_port(), tmp_path / "serve.log"
     url = f"http://127.0.0.1:{port}/v1"
     # Retries outlast the restart (~5 min of backoff): a loaded 2-core machine took over 2 min to bring vllm serve back.
     settings = _openai(url, concurrency=4, max_retries=100, backoff_s=0.5, max_backoff_s=3.0)

@@ -33,7 +33,7 @@ from eagle3.formats.shards import HiddenStateDataset, split_shards
 from eagle3.formats.synthetic import iter_records
 from eagle3.precision import resolve
 
-from conftest import REPO, eagle3, make_project, ran_stages, write_params
+from conftest import REPO, eagle3, losses, make_project, ran_stages, write_params
 from servers import S3_KEY_ID, S3_SECRET, MotoS3, Sshd
 
 pytestmark = pytest.mark.slow
@@ -233,11 +233,6 @@ def test_the_plan_counts_the_work_the_rehearsal_did(rehearsals, layout):
     assert steps["fetch_weights"]["counted"] == {"bytes": weights} and weights == provenance["weight_bytes"]
 
 
-def _losses(root: Path) -> list[float]:
-    curve = root / "metrics/train/plots/metrics/train/loss.tsv"
-    return [float(line.split("\t")[1]) for line in curve.read_text().splitlines()[1:]]
-
-
 def test_layout_c_streams_in_two_processes_what_b_trains_from_stored_states_in_one(rehearsals):
     there, stored = rehearsals["C"]["there"], rehearsals["B"]["there"]
     assert sorted(p.name for p in (there.root / "data/hidden").iterdir() if p.name != "environments") == [
@@ -250,7 +245,7 @@ def test_layout_c_streams_in_two_processes_what_b_trains_from_stored_states_in_o
     # The same sequences, batches and targets, trained in float32 on states computed in float32 and stored in bf16
     # either way (tests/kimi/rehearsal.yaml): B stored them, C streams them from rank 0 (torchrun: 1 thread per
     # process, where B had 2) and sums two processes' gradients. Only float32 rounding differs.
-    one, two = _losses(stored.root), _losses(there.root)
+    one, two = losses(stored.root), losses(there.root)
     assert len(one) == len(two) > 10
     for a, b in zip(one, two, strict=True):
         assert abs(a - b) <= 1e-4 * abs(a), (one, two)

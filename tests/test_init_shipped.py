@@ -62,10 +62,19 @@ def test_every_shipped_configuration_validates_in_every_layout(name, layout, tmp
 
 
 def test_the_hero_configuration_fits_the_verifier_it_names(tmp_path):
+    """Checked against the record of the verifier it names, nothing is left unchecked and nothing is refused; the
+    same record with a shorter context or a smaller vocabulary refuses the key that no longer fits."""
     path = tmp_path / "params.yaml"
     path.write_text(render("kimi-k2.5", "B"))
+    params = load_params(path)
     write_fake_provenance(tmp_path, **KIMI_K25)
-    check_against_verifier(load_params(path), path)
+    assert check_against_verifier(params, path) == []
+    write_fake_provenance(tmp_path, **{**KIMI_K25, "max_position_embeddings": params.extract.max_seq_len - 1})
+    with pytest.raises(Eagle3Error, match=r"extract\.max_seq_len: 20480 exceeds the verifier's context"):
+        check_against_verifier(params, path)
+    write_fake_provenance(tmp_path, **{**KIMI_K25, "vocab_size": params.vocab.draft_vocab_size - 1})
+    with pytest.raises(Eagle3Error, match=r"vocab\.draft_vocab_size: 32000 exceeds the verifier's vocabulary"):
+        check_against_verifier(params, path)
 
 
 def _changed(written: str) -> list[str]:

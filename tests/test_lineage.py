@@ -14,8 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from eagle3.params.params_file import load_params
 from eagle3.publish import licenses, model_card
 from eagle3.publish.dvc_graph import require_report_covers
 
-from conftest import REPO, eagle3, ran_stages, smoke_params, write_params
+from conftest import REPO, eagle3, ran_stages, run_in, smoke_params, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -217,24 +215,6 @@ DOWNSTREAM_OF_PROMPTS = {
 }
 
 
-def _env() -> dict:
-    return {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-
-
-def _run(root: Path, *command: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, cwd=root, capture_output=True, text=True, env={**_env(), **(env or {})})
-    if check:
-        assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
-    return result
-
-
 def _tiny_verifier(directory: Path) -> Path:
     directory.mkdir(parents=True)
     config = {
@@ -298,10 +278,10 @@ def _project(tmp_path: Path, verifier_license="apache-2.0", dataset_license="apa
     (root / "fixture/eval.json").write_text(json.dumps(EVAL))
     (root / "dvc.yaml").write_text(yaml.safe_dump(DVC_YAML, sort_keys=False))
     _params(root, _tiny_verifier(tmp_path / "outside" / "Kimi-K2.5"), verifier_license, dataset_license, report)
-    _run(root, "git", "init", "-q")
-    _run(root, "dvc", "init", "-q")
-    _run(root, "git", "add", "-A")
-    _run(root, "git", "commit", "-q", "-m", "fixture")
+    run_in(root, "git", "init", "-q")
+    run_in(root, "dvc", "init", "-q")
+    run_in(root, "git", "add", "-A")
+    run_in(root, "git", "commit", "-q", "-m", "fixture")
     return root
 
 
@@ -330,7 +310,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
         },
     )
     every_stage = {"verifier", "prepare", "benchmarks", "export", "evaluate", "report"}
-    ran_stages(_run(root, "dvc", "repro").stdout, root, every_stage)
+    ran_stages(run_in(root, "dvc", "repro").stdout, root, every_stage)
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     lineage = _lineage(root)
 
@@ -356,7 +336,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     assert benchmark["source"] == {"kind": "local", "path": "prompts/bench.jsonl", "sha256": bench_sha256}
     assert lineage["sources"]["prompts/tiny.jsonl"]["used_by"] == ["prepare"]
     assert lineage["stages"]["prepare"]["params"]["params.yaml"]["prepare"]["heldout_rows"] == 2
-    assert lineage["code"]["commit"] == _run(root, "git", "rev-parse", "HEAD").stdout.strip()
+    assert lineage["code"]["commit"] == run_in(root, "git", "rev-parse", "HEAD").stdout.strip()
     assert '-->|"data/prepared"|' in lineage["dag_mermaid"]
     decisions = {d["kind"]: d for d in lineage["licenses"]["decisions"]}
     assert (
@@ -403,7 +383,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     # The params still name where the weights were (redacted); the verifier's record is its content, no path.
     assert '"path": "<local>/Kimi-K2.5"' in markdown and "path" not in lineage["inputs"]["verifier"]["source"]
     assert lineage["inputs"]["verifier"]["source"]["kind"] == "local"
-    assert "Data and pipelines are up to date" in _run(root, "dvc", "status").stdout
+    assert "Data and pipelines are up to date" in run_in(root, "dvc", "status").stdout
     # The environment that made each recording artifact is in all three outputs; a record from another machine is
     # a warning on --check (rerunning there will not reproduce it), never a failure.
     assert lineage["environments"] == {
@@ -421,7 +401,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
     # One byte of one input: exactly the artifacts downstream of it get a new lineage.
     prompts = root / "prompts/tiny.jsonl"
     prompts.write_bytes(prompts.read_bytes().replace(b"number 7", b"number 8", 1))
-    ran_stages(_run(root, "dvc", "repro").stdout, root, {"prepare", "benchmarks", "export", "evaluate", "report"})
+    ran_stages(run_in(root, "dvc", "repro").stdout, root, {"prepare", "benchmarks", "export", "evaluate", "report"})
     changed = _lineage(root)
     assert {
         path for path in lineage["artifacts"] if lineage["artifacts"][path] != changed["artifacts"][path]
@@ -438,7 +418,7 @@ def test_lineage_card_and_check_on_a_real_pipeline(tmp_path):
 
 def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
     root = _project(tmp_path)
-    _run(root, "dvc", "repro")
+    run_in(root, "dvc", "repro")
     card_path = root / "data/prepared/card.json"
     card_path.write_text(card_path.read_text().replace('"heldout": 2', '"heldout": 3', 1))
 
@@ -456,19 +436,19 @@ def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
     assert "stage prepare: out data/prepared modified" in published.stderr and "stage report" not in published.stderr
 
     # Restored from the cache, then a rerun of one stage without the report: the lineage is now stale.
-    _run(root, "dvc", "checkout", "-f")
+    run_in(root, "dvc", "checkout", "-f")
     assert eagle3(root, "report", "--check").returncode == 0
     # A fresh clone has the files but not the local cache: that is not a dirty workspace.
     shutil.rmtree(root / ".dvc/cache")
     assert eagle3(root, "report", "--check").returncode == 0
     (root / "prompts/tiny.jsonl").write_text((root / "prompts/tiny.jsonl").read_text().replace("number 3", "numbr 3"))
-    _run(root, "dvc", "repro", "--single-item", "prepare")
+    run_in(root, "dvc", "repro", "--single-item", "prepare")
     problems = eagle3(root, "report", "--check", check=False).stdout.splitlines()
     assert "stale: reports/lineage.json records stage prepare differently from dvc.lock" in problems
     assert any(line.startswith("dirty: stage export: dep data/prepared modified") for line in problems)
 
     # A verifier outside the repository is re-hashed: replacing its config in place is caught.
-    _run(root, "dvc", "repro")
+    run_in(root, "dvc", "repro")
     config = tmp_path / "outside/Kimi-K2.5/config.json"
     config.write_text(config.read_text().replace('"vocab_size": 64', '"vocab_size": 65'))
     problems = eagle3(root, "report", "--check", check=False).stdout.splitlines()
@@ -477,7 +457,7 @@ def test_dirty_or_stale_workspace_is_reported_and_not_published(tmp_path):
 
 def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path):
     root = _project(tmp_path, dataset_license="cc-by-nc-4.0")
-    failed = _run(root, "dvc", "repro", check=False)
+    failed = run_in(root, "dvc", "repro", check=False)
     assert failed.returncode != 0
     assert (
         "license gate: 1 input(s) do not allow publishing derived weights: dataset 'tiny' is cc-by-nc-4.0 (forbidden: "
@@ -486,7 +466,7 @@ def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path)
     assert not (root / "reports/lineage.json").exists() and not (root / "models/draft/README.md").exists()
 
     _params(root, tmp_path / "outside/Kimi-K2.5", verifier_license="other", dataset_license="some-custom-terms")
-    failed = _run(root, "dvc", "repro", check=False)
+    failed = run_in(root, "dvc", "repro", check=False)
     assert failed.returncode != 0
     assert "2 input(s)" in failed.stderr and "verifier 'moonshotai/Kimi-K2.5' is other (unknown" in failed.stderr
     assert "dataset 'tiny' is some-custom-terms (unknown" in failed.stderr
@@ -499,7 +479,7 @@ def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path)
         dataset_license="cc-by-nc-4.0",
         report={"license_overrides": [{"license": "cc-by-nc-4.0", "reason": reason}]},
     )
-    _run(root, "dvc", "repro")
+    run_in(root, "dvc", "repro")
     decision = next(d for d in _lineage(root)["licenses"]["decisions"] if d["kind"] == "dataset")
     assert (decision["class"], decision["allowed"], decision["override_reason"]) == ("forbidden", True, reason)
     assert f"override: {reason}" in (root / "reports/lineage.md").read_text()
@@ -510,14 +490,14 @@ def test_license_gate_stops_forbidden_and_unknown_and_records_override(tmp_path)
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["report"]["sub_source_licenses"] = {"tiny/math": "cc-by-nc-nd-4.0"}
     write_params(root, params)
-    failed = _run(root, "dvc", "repro", check=False)
+    failed = run_in(root, "dvc", "repro", check=False)
     ran_stages(failed.stdout, root, {"report"})
     assert "sub-source 'tiny/math' is cc-by-nc-nd-4.0 (forbidden: non-commercial and no derivatives)" in failed.stderr
 
 
 def test_no_secrets_or_local_paths_are_published(tmp_path):
     root = _project(tmp_path)
-    _run(
+    run_in(
         root,
         "dvc",
         "remote",
@@ -526,10 +506,10 @@ def test_no_secrets_or_local_paths_are_published(tmp_path):
         "storage",
         f"https://alice:{PASSWORD_IN_REMOTE_URL}@dvc.example.com/store?sig=abc",
     )
-    _run(root, "dvc", "remote", "modify", "--local", "storage", "password", SECRET_IN_CONFIG_LOCAL)
+    run_in(root, "dvc", "remote", "modify", "--local", "storage", "password", SECRET_IN_CONFIG_LOCAL)
     # A directory remote on this machine: its path is this machine's, never published.
-    _run(root, "dvc", "remote", "add", "mounted", str(tmp_path / "mnt" / "eagle3-remote"))
-    _run(root, "dvc", "repro")
+    run_in(root, "dvc", "remote", "add", "mounted", str(tmp_path / "mnt" / "eagle3-remote"))
+    run_in(root, "dvc", "repro")
     outputs = [
         (root / name).read_text() for name in ("reports/lineage.json", "reports/lineage.md", "models/draft/README.md")
     ]

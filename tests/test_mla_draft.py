@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from drafts import export_every_other_token
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
@@ -242,17 +243,15 @@ def test_mla_draft_exports_as_vllm_deepseek_eagle3_loads_it_and_back(tmp_path):
     (verifier / "config.json").write_text(json.dumps(LLAMA_VERIFIER))
     (tmp_path / "speculators").mkdir()
     (tmp_path / "speculators/config.json").write_text("{}")
-    d2t, t2d = mapping(torch.arange(0, 80, 2), 100)
-    write_drafts(
+    d2t, t2d = export_every_other_token(
         draft,
-        d2t,
-        t2d,
-        tmp_path / "draft",
-        tmp_path / "speculators",
+        tmp_path,
+        100,
         dtype="float32",
-        num_speculative_tokens=3,
+        k=3,
         verifier_name="tiny/verifier",
-        verifier_architectures=["LlamaForCausalLM"],
+        architectures=["LlamaForCausalLM"],
+        draft_tokens=40,
     )
     config = json.loads((tmp_path / "draft/config.json").read_text())
     assert (config["architectures"], config["model_type"]) == (["Eagle3DeepseekV2ForCausalLM"], "deepseek_v2")

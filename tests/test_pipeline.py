@@ -2,9 +2,6 @@
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -14,15 +11,13 @@ from test_evaluate_servers import check_servers_match_in_process
 
 from eagle3.formats.synthetic import iter_records
 
-from conftest import make_project, ran_stages, write_params
+from conftest import make_project, ran_stages, run_in, write_params
 
 pytestmark = pytest.mark.slow
 
 
 def _run(root: Path, *command: str) -> str:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(command, cwd=root, capture_output=True, text=True, env=env)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
+    result = run_in(root, *command)
     return result.stdout + result.stderr
 
 

@@ -11,6 +11,9 @@ import pytest
 
 from conftest import eagle3, tmpfs
 
+# The training-memory estimate measured by the module's first plan, read by the later ones.
+pytestmark = pytest.mark.usefixtures("train_memory_cache")
+
 DVC = str(Path(sys.executable).with_name("dvc"))
 SEED = ("--samples", "3000", "--mean-tokens", "16384")
 
@@ -29,15 +32,6 @@ def _metrics(root: Path, ratio: float = 1.476, tokens_per_s: float | None = None
         )
     )
     return path
-
-
-@pytest.fixture(autouse=True, scope="module")
-def train_memory_cache(tmp_path_factory):
-    """The training-memory estimate's cache (eagle3/plan/memory.py) of this module's own: the first plan
-    measures it, the later ones read it."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        yield
 
 
 def _plan(root: Path, *args: str) -> dict:

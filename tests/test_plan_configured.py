@@ -12,6 +12,9 @@ from eagle3.plan.configured import CONFIGURED
 
 from conftest import eagle3, write_params
 
+# The training-memory estimate measured by the module's first plan, read by the later ones.
+pytestmark = pytest.mark.usefixtures("train_memory_cache")
+
 SEED = ("--mean-tokens", "16384", "--compression-ratio", "1.476")
 # The hero configuration with a value other than every flag's built-in default.
 CHANGED = {
@@ -40,13 +43,6 @@ FLAGS = (
     "--sharding", "fsdp", "--recompute", "mlp", "--gpus", "4", "--draft-layout", "norm_before_fc",
     "--gpu", "h200", "--batch-size", "32", "--max-tokens-per-batch", "98304", "--optimizer", "adamw",
 )  # fmt: skip
-
-
-@pytest.fixture(autouse=True, scope="module")
-def train_memory_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        yield
 
 
 def _hero(changes: dict) -> dict:

@@ -10,6 +10,9 @@ from test_plan import SEED, TEXT, TOKENS, _plan
 
 from conftest import eagle3
 
+# The training-memory estimate measured by the module's first plan, read by the later ones.
+pytestmark = pytest.mark.usefixtures("train_memory_cache")
+
 RAW = TOKENS * 4 * 7168 * 2
 LINK = 5e9 * 0.8 / 8
 USD_PER_S = 8 * 5.0 / 3600
@@ -68,14 +71,6 @@ def _report(
     }
     path.write_text(json.dumps(report))
     return path
-
-
-@pytest.fixture(autouse=True, scope="module")
-def train_memory_cache(tmp_path_factory):
-    """The training-memory estimate measured by the first plan, read by the later ones."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        yield
 
 
 def test_an_optimizer_step_measured_with_another_optimizer_is_derived_instead(tmp_path):

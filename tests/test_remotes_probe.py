@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_in
 from servers import S3_KEY_ID, S3_SECRET, MotoS3, Sshd
 
 pytestmark = pytest.mark.slow
@@ -60,13 +61,6 @@ def _env(home: Path) -> dict[str, str]:
     }
 
 
-def _run(root: Path, env: dict, *command: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, cwd=root, capture_output=True, text=True, env=env)
-    if check:
-        assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
-    return result
-
-
 def _digests(shards: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(shards.glob("*.e3sh"))}
 
@@ -85,7 +79,9 @@ def _verify_shards(shards: Path, expected: dict[str, str]) -> None:
 
 
 def _not_in_remote(root: Path, env: dict) -> list[str]:
-    status = json.loads(_run(root, env, "dvc", "data", "status", "--not-in-remote", "--granular", "--json").stdout)
+    status = json.loads(
+        run_in(root, "dvc", "data", "status", "--not-in-remote", "--granular", "--json", env=env).stdout
+    )
     return status.get("not_in_remote", [])
 
 
@@ -94,14 +90,14 @@ def _project(root: Path, env: dict) -> dict[str, str]:
     root.mkdir(parents=True)
     (root / "make_shards.py").write_text(MAKE_SHARDS)
     (root / "dvc.yaml").write_text(DVC_YAML)
-    _run(root, env, "git", "init", "-q")
-    _run(root, env, "dvc", "init", "-q")
+    run_in(root, "git", "init", "-q", env=env)
+    run_in(root, "dvc", "init", "-q", env=env)
     # Hardlink first: DVC 3 links an output into the cache only when the first type is hardlink; with reflink
     # first on a filesystem without reflinks (ext4) it copies the output into the cache and keeps both.
-    _run(root, env, "dvc", "config", "--local", "cache.type", "hardlink,symlink")
-    _run(root, env, "dvc", "repro")
-    _run(root, env, "git", "add", "-A")
-    _run(root, env, "git", "commit", "-qm", "shards")
+    run_in(root, "dvc", "config", "--local", "cache.type", "hardlink,symlink", env=env)
+    run_in(root, "dvc", "repro", env=env)
+    run_in(root, "git", "add", "-A", env=env)
+    run_in(root, "git", "commit", "-qm", "shards", env=env)
     return _digests(root / "shards")
 
 
@@ -126,13 +122,13 @@ def _push_killed_midway(root: Path, env: dict, server, objects_on_server) -> Non
 def _clone_pull_repro(
     root: Path, clone: Path, env: dict, digests: dict[str, str], local_config: list[list[str]]
 ) -> None:
-    _run(root.parent, env, "git", "clone", "-q", str(root), str(clone))
+    run_in(root.parent, "git", "clone", "-q", str(root), str(clone), env=env)
     assert not (clone / "shards").exists() and not (clone / ".dvc" / "config.local").exists()
     for setting in local_config:  # a fresh clone brings no credentials: each machine sets its own
-        _run(clone, env, "dvc", "remote", "modify", "--local", *setting)
-    _run(clone, env, "dvc", "pull")
+        run_in(clone, "dvc", "remote", "modify", "--local", *setting, env=env)
+    run_in(clone, "dvc", "pull", env=env)
     _verify_shards(clone / "shards", digests)
-    repro = _run(clone, env, "dvc", "repro").stdout
+    repro = run_in(clone, "dvc", "repro", env=env).stdout
     assert "Running stage" not in repro and "Data and pipelines are up to date" in repro, repro
     assert _not_in_remote(clone, env) == []
 
@@ -152,11 +148,11 @@ def test_local_remote_roundtrip_and_link_type(tmp_path):
         assert sum(1 for p in cache.rglob("*") if p.is_file() and p.stat().st_ino == shard.stat().st_ino) == 1
 
     storage = tmp_path / "storage"
-    _run(root, env, "dvc", "remote", "add", "-d", "local", str(storage))
+    run_in(root, "dvc", "remote", "add", "-d", "local", str(storage), env=env)
     assert len(_not_in_remote(root, env)) == SHARDS + 1
-    _run(root, env, "dvc", "push", "--jobs", "4")
+    run_in(root, "dvc", "push", "--jobs", "4", env=env)
     assert _not_in_remote(root, env) == []
-    _run(root, env, "git", "commit", "-qam", "remote")
+    run_in(root, "git", "commit", "-qam", "remote", env=env)
     _clone_pull_repro(root, tmp_path / "clone", env, digests, [])
 
 
@@ -168,28 +164,28 @@ def test_s3_remote_survives_a_killed_server(tmp_path):
     digests = _project(root, env)
     server = MotoS3(tmp_path / "moto").start()
     try:
-        _run(root, env, "dvc", "remote", "add", "-d", "s3", f"s3://{MotoS3.bucket}/eagle3")
-        _run(root, env, "dvc", "remote", "modify", "s3", "endpointurl", server.endpoint)
-        _run(root, env, "dvc", "remote", "modify", "--local", "s3", "access_key_id", S3_KEY_ID)
-        _run(root, env, "dvc", "remote", "modify", "--local", "s3", "secret_access_key", S3_SECRET)
-        _run(root, env, "git", "commit", "-qam", "s3 remote")
+        run_in(root, "dvc", "remote", "add", "-d", "s3", f"s3://{MotoS3.bucket}/eagle3", env=env)
+        run_in(root, "dvc", "remote", "modify", "s3", "endpointurl", server.endpoint, env=env)
+        run_in(root, "dvc", "remote", "modify", "--local", "s3", "access_key_id", S3_KEY_ID, env=env)
+        run_in(root, "dvc", "remote", "modify", "--local", "s3", "secret_access_key", S3_SECRET, env=env)
+        run_in(root, "git", "commit", "-qam", "s3 remote", env=env)
         # Secrets only in the git-ignored config.local, never in what git records.
-        committed = _run(root, env, "git", "show", "HEAD:.dvc/config").stdout
+        committed = run_in(root, "git", "show", "HEAD:.dvc/config", env=env).stdout
         assert server.endpoint in committed and S3_SECRET not in committed and S3_KEY_ID not in committed
         assert S3_SECRET in (root / ".dvc" / "config.local").read_text()
-        _run(root, env, "git", "check-ignore", "-q", ".dvc/config.local")
+        run_in(root, "git", "check-ignore", "-q", ".dvc/config.local", env=env)
         assert len(_not_in_remote(root, env)) == SHARDS + 1
 
         # The server dies as it stores the 5th object. botocore retries a refused connection with backoff for ~50 s
         # before giving up; one attempt is enough here.
         server.kill()
         server.dies_after_objects(5).start()
-        push = _run(root, {**env, "AWS_MAX_ATTEMPTS": "1"}, "dvc", "push", "--jobs", "1", check=False)
+        push = run_in(root, "dvc", "push", "--jobs", "1", check=False, env={**env, "AWS_MAX_ATTEMPTS": "1"})
         assert push.returncode != 0, f"a push whose server died reported success:\n{push.stdout}{push.stderr}"
         assert server.process.wait(timeout=60) == -signal.SIGKILL
         server.kill()
         server.dies_after_objects(None).start()  # same port; moto keeps objects in memory: the bucket is empty
-        _run(root, env, "dvc", "push", "--jobs", "4")
+        run_in(root, "dvc", "push", "--jobs", "4", env=env)
         assert server.object_count() == SHARDS + 1
         assert _not_in_remote(root, env) == []
 
@@ -212,17 +208,19 @@ def test_ssh_remote_survives_a_killed_server(tmp_path):
     storage = tmp_path / "ssh-storage"
     server.start()
     try:
-        _run(root, env, "dvc", "remote", "add", "-d", "ssh", f"ssh://{server.user}@127.0.0.1:{server.port}{storage}")
-        _run(root, env, "dvc", "remote", "modify", "--local", "ssh", "keyfile", str(server.client_key))
-        _run(root, env, "git", "commit", "-qam", "ssh remote")
-        assert str(server.client_key) not in _run(root, env, "git", "show", "HEAD:.dvc/config").stdout
+        run_in(
+            root, "dvc", "remote", "add", "-d", "ssh", f"ssh://{server.user}@127.0.0.1:{server.port}{storage}", env=env
+        )
+        run_in(root, "dvc", "remote", "modify", "--local", "ssh", "keyfile", str(server.client_key), env=env)
+        run_in(root, "git", "commit", "-qam", "ssh remote", env=env)
+        assert str(server.client_key) not in run_in(root, "git", "show", "HEAD:.dvc/config", env=env).stdout
 
         def objects_on_server() -> int:
             return sum(1 for p in storage.rglob("*") if p.is_file() and not p.name.startswith("."))
 
         _push_killed_midway(root, env, server, objects_on_server)
         server.start()  # the files sshd had received, a partial one included, are still on disk
-        _run(root, env, "dvc", "push", "--jobs", "4")
+        run_in(root, "dvc", "push", "--jobs", "4", env=env)
         assert _not_in_remote(root, env) == []
         # What the server holds under object names is exactly the cache: dvc-ssh uploads to `.<random>.tmp` and
         # renames, so a kill can leave a temporary file behind but never a damaged object.
@@ -242,7 +240,7 @@ def test_ssh_remote_survives_a_killed_server(tmp_path):
 
 
 def _repair(root: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
-    return _run(root, env, sys.executable, "-m", "eagle3.cli", "repair", *args, check=False)
+    return run_in(root, sys.executable, "-m", "eagle3.cli", "repair", *args, check=False, env=env)
 
 
 class _Storage:
@@ -254,14 +252,14 @@ class _Storage:
     def configure(self, root: Path, env: dict) -> list[list[str]]:
         """Adds the remote `store` to the project; returns the --local settings a clone needs."""
         if self.kind == "local":
-            _run(root, env, "dvc", "remote", "add", "-d", "store", str(self.tmp_path / "storage"))
+            run_in(root, "dvc", "remote", "add", "-d", "store", str(self.tmp_path / "storage"), env=env)
             return []
         self.server = MotoS3(self.tmp_path / "moto").start()
-        _run(root, env, "dvc", "remote", "add", "-d", "store", f"s3://{MotoS3.bucket}/eagle3")
-        _run(root, env, "dvc", "remote", "modify", "store", "endpointurl", self.server.endpoint)
+        run_in(root, "dvc", "remote", "add", "-d", "store", f"s3://{MotoS3.bucket}/eagle3", env=env)
+        run_in(root, "dvc", "remote", "modify", "store", "endpointurl", self.server.endpoint, env=env)
         secrets = [["store", "access_key_id", S3_KEY_ID], ["store", "secret_access_key", S3_SECRET]]
         for setting in secrets:
-            _run(root, env, "dvc", "remote", "modify", "--local", *setting)
+            run_in(root, "dvc", "remote", "modify", "--local", *setting, env=env)
         return secrets
 
     def read(self, md5: str) -> bytes:
@@ -301,15 +299,15 @@ def test_corruption_in_the_remote_is_named_and_repaired(tmp_path, kind):
 
 def _clone(tmp_path: Path, env: dict, root: Path, name: str, secrets: list[list[str]]) -> Path:
     clone = tmp_path / name
-    _run(tmp_path, env, "git", "clone", "-q", str(root), str(clone))
+    run_in(tmp_path, "git", "clone", "-q", str(root), str(clone), env=env)
     for setting in secrets:
-        _run(clone, env, "dvc", "remote", "modify", "--local", *setting)
+        run_in(clone, "dvc", "remote", "modify", "--local", *setting, env=env)
     return clone
 
 
 def _corrupted_then_repaired(tmp_path, env, root, digests, storage, secrets):
-    _run(root, env, "git", "commit", "-qam", "remote")
-    _run(root, env, "dvc", "push")
+    run_in(root, "git", "commit", "-qam", "remote", env=env)
+    run_in(root, "dvc", "push", env=env)
     damaged = "shards/shard-005.e3sh"
     md5 = hashlib.md5((root / damaged).read_bytes()).hexdigest()
     flipped = bytearray(storage.read(md5))
@@ -324,8 +322,8 @@ def _corrupted_then_repaired(tmp_path, env, root, digests, storage, secrets):
     # With the remote's verify, DVC's pull stops naming only the directory and checks out none of it; repair names
     # the file and checks out the rest.
     verifying = _clone(tmp_path, env, root, "verifying", secrets)
-    _run(verifying, env, "dvc", "remote", "modify", "--local", "store", "verify", "true")
-    assert _run(verifying, env, "dvc", "pull", check=False).returncode != 0
+    run_in(verifying, "dvc", "remote", "modify", "--local", "store", "verify", "true", env=env)
+    assert run_in(verifying, "dvc", "pull", check=False, env=env).returncode != 0
     assert not (verifying / "shards").exists()
     named = _repair(verifying, env, "shards")
     assert named.returncode == 2 and named.stderr.strip().splitlines()[-1] == lost, named.stderr
@@ -335,10 +333,10 @@ def _corrupted_then_repaired(tmp_path, env, root, digests, storage, secrets):
 
     # Without it, the pull lands the bad bytes in the cache under their good name and DVC sees nothing wrong.
     plain = _clone(tmp_path, env, root, "plain", secrets)
-    _run(plain, env, "dvc", "pull")
+    run_in(plain, "dvc", "pull", env=env)
     cached = plain / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
     assert hashlib.md5(cached.read_bytes()).hexdigest() != md5
-    assert "up to date" in _run(plain, env, "dvc", "status").stdout
+    assert "up to date" in run_in(plain, "dvc", "status", env=env).stdout
     named = _repair(plain, env, damaged)
     assert named.returncode == 2 and named.stderr.strip().splitlines()[-1] == lost.replace(
         "repair shards` again", f"repair {damaged}` again"
@@ -347,9 +345,9 @@ def _corrupted_then_repaired(tmp_path, env, root, digests, storage, secrets):
     assert not cached.exists() and not (plain / damaged).exists()
 
     # The stage remakes the file, byte for byte; `dvc push` alone keeps the remote's bad copy, repair replaces it.
-    _run(plain, env, "dvc", "repro")
-    assert _run(plain, env, "git", "status", "--porcelain").stdout == ""
-    assert "Everything is up to date" in _run(plain, env, "dvc", "push").stdout
+    run_in(plain, "dvc", "repro", env=env)
+    assert run_in(plain, "git", "status", "--porcelain", env=env).stdout == ""
+    assert "Everything is up to date" in run_in(plain, "dvc", "push", env=env).stdout
     fixed = _repair(plain, env, "shards")
     assert fixed.returncode == 0, fixed.stderr
     assert f"{damaged}: remote 'store': corrupt, replaced" in fixed.stderr
@@ -362,7 +360,7 @@ def _corrupted_then_repaired(tmp_path, env, root, digests, storage, secrets):
         again.returncode == 0 and f"{damaged}: cache: missing, restored; workspace: missing, restored" in again.stderr
     )
     _verify_shards(verifying / "shards", digests)
-    assert "Data and pipelines are up to date" in _run(verifying, env, "dvc", "status").stdout
+    assert "Data and pipelines are up to date" in run_in(verifying, "dvc", "status", env=env).stdout
     assert "0 repaired, 0 lost" in _repair(verifying, env, "shards").stderr
     if storage.server is not None:  # a remote that does not answer: one line, not a transport's traceback
         storage.server.kill()
@@ -394,18 +392,18 @@ def test_each_remote_kind_the_runbook_offers_takes_its_own_credential_line(tmp_p
     env = _env(tmp_path / "home")
     root = tmp_path / "project"
     root.mkdir()
-    _run(root, env, "git", "init", "-q")
-    _run(root, env, "dvc", "init", "-q")
-    _run(root, env, "dvc", "remote", "add", "-d", "store", url)
-    _run(root, env, "dvc", "remote", "modify", "store", "verify", "true")
+    run_in(root, "git", "init", "-q", env=env)
+    run_in(root, "dvc", "init", "-q", env=env)
+    run_in(root, "dvc", "remote", "add", "-d", "store", url, env=env)
+    run_in(root, "dvc", "remote", "modify", "store", "verify", "true", env=env)
     if credentials != "none":
         option, value = credentials.split(" ", 1)
-        _run(root, env, "dvc", "remote", "modify", "--local", "store", option, value.replace("~", str(tmp_path)))
-    assert _run(root, env, "dvc", "remote", "list").stdout.split() == ["store", url, "(default)"]
-    assert "remote.store.verify=true" in _run(root, env, "dvc", "config", "--list").stdout
+        run_in(root, "dvc", "remote", "modify", "--local", "store", option, value.replace("~", str(tmp_path)), env=env)
+    assert run_in(root, "dvc", "remote", "list", env=env).stdout.split() == ["store", url, "(default)"]
+    assert "remote.store.verify=true" in run_in(root, "dvc", "config", "--list", env=env).stdout
     assert (root / ".dvc" / "config.local").exists() == (credentials != "none")
     if kind == "SSH":
         # The S3 line on an SSH remote (what the runbook's single line had every user run) is refused.
         s3_line = ("credentialpath", str(tmp_path / "credentials"))
-        failed = _run(root, env, "dvc", "remote", "modify", "--local", "store", *s3_line, check=False)
+        failed = run_in(root, "dvc", "remote", "modify", "--local", "store", *s3_line, check=False, env=env)
         assert failed.returncode != 0 and "extra keys not allowed" in failed.stderr

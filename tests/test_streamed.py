@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from eagle3.formats.provenance import read_provenance
 from eagle3.formats.shards import ShardReader, split_shards
 from eagle3.stages.vocab import count_tokens
 
-from conftest import copy_project, draft_params, eagle3
+from conftest import copy_project, draft_params, eagle3, kill_mid_run, losses
 
 pytestmark = pytest.mark.slow
 
@@ -40,10 +39,6 @@ def streamed_project(source, root, **train):
     root = copy_project(source, root, streamed_params(**train))
     shutil.rmtree(root / "data/hidden")
     return root
-
-
-def _losses(root, curve=CURVE):
-    return [float(line.split("\t")[1]) for line in (root / curve).read_text().splitlines()[1:]]
 
 
 def _final_weights(root):
@@ -105,7 +100,7 @@ def test_streamed_training_equals_stored_and_stays_in_its_buffer(extracted_real,
     assert 0 < metrics["stream_peak_buffer_bytes"] <= 0.012e9 and 0 < max(sizes) <= 0.012e9
     spool = root / ".eagle3/stream/spool"
     assert not list(spool.glob("*.safetensors")) and not (root / "data/hidden").exists()
-    one, other = _losses(stored), _losses(root)
+    one, other = losses(stored), losses(root)
     assert len(one) == len(other) == metrics["total_steps"]
     # Same sequences, batches and targets, trained in float32 on states computed in float32 one sequence per
     # forward pass (draft_params), in a process with as many threads as extract's: the same arithmetic on the same
@@ -116,7 +111,7 @@ def test_streamed_training_equals_stored_and_stays_in_its_buffer(extracted_real,
     # It learns. The summed loss swings with each batch's length mix (18 to 33 over these 8 steps), so the check is
     # the first draft position's accuracy: chance (1/2048) untrained, 0.12 over the last four steps here (AVX2 and
     # AMX alike).
-    accuracy = _losses(root, CURVE.replace("loss.tsv", "acc_0.tsv"))
+    accuracy = losses(root, "train/acc_0")
     assert accuracy[0] < 0.01 and sum(accuracy[-4:]) / 4 > 0.05, accuracy
     run = json.loads((root / "checkpoints/run.json").read_text())["settings"]
     assert run["streamed_states"]["layer_ids"] == [2, 15, 27, 30] and "shards_index_sha256" not in run
@@ -125,14 +120,7 @@ def test_streamed_training_equals_stored_and_stays_in_its_buffer(extracted_real,
 def test_sigkill_then_rerun_ends_at_the_streamed_run_s_weights(extracted_real, streamed, tmp_path):
     reference, _ = streamed
     killed = streamed_project(extracted_real, tmp_path / "killed", **BUFFER)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "eagle3.cli", "train"], cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 300
-    while not list((killed / "checkpoints").glob("step-0000004")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_mid_run(killed, "train", lambda: any((killed / "checkpoints").glob("step-0000004")))
     left = sorted(p.name for p in (killed / "checkpoints").glob("step-*"))
     assert left and left[-1] < _final_weights(reference)[0], "the kill must land before training finished"
     resumed = eagle3(killed, "train")
@@ -157,7 +145,7 @@ def test_two_processes_stream_what_one_does(extracted_real, streamed, tmp_path):
         [sys.executable, "-m", "eagle3.cli", "train"], cwd=two, capture_output=True, text=True, timeout=900, env=threads
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    single, double = _losses(one), _losses(two)
+    single, double = losses(one), losses(two)
     assert len(single) == len(double)
     # Only the gradient sums differ, in order (tests/test_train.py: two processes match one).
     for a, b in zip(single, double, strict=True):

@@ -3,10 +3,8 @@
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from eagle3.formats.synthetic import iter_records
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.precision import resolve
 
-from conftest import TRAIN_SMALL, copy_project, draft_params, eagle3, write_params
+from conftest import TRAIN_SMALL, copy_project, draft_params, eagle3, kill_mid_run, losses, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -79,14 +77,7 @@ def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
     reference = copy_project(extracted_real, tmp_path / "reference", draft_params(**short))
     eagle3(reference, "train")
     killed = copy_project(extracted_real, tmp_path / "killed", draft_params(**short))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "eagle3.cli", "train"], cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 300
-    while not list((killed / "checkpoints").glob("step-0000004")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_mid_run(killed, "train", lambda: any((killed / "checkpoints").glob("step-0000004")))
     left = sorted(p.name for p in (killed / "checkpoints").glob("step-*"))
     assert left and left[-1] < _final_state(reference)[0], "the kill must land before training finished"
     resumed = eagle3(killed, "train")
@@ -100,13 +91,6 @@ def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
         assert torch.equal(optimizer[key], expected_optimizer[key]), key
     curve = "metrics/train/plots/metrics/train/loss.tsv"
     assert (killed / curve).read_text() == (reference / curve).read_text()
-
-
-CURVE = "metrics/train/plots/metrics/train/loss.tsv"
-
-
-def _losses(root):
-    return [float(line.split("\t")[1]) for line in (root / CURVE).read_text().splitlines()[1:]]
 
 
 def _train(root):
@@ -150,12 +134,12 @@ def test_two_processes_match_one_and_resume_across_process_counts(extracted_real
     }
     single = copy_project(extracted_real, tmp_path / "single", draft_params(**settings))
     eagle3(single, "train")
-    one = _losses(single)
+    one = losses(single)
     total = json.loads((single / "metrics/train/metrics.json").read_text())["total_steps"]
     assert len(one) == total and one[-1] < one[0]
 
     def same_curve(root):
-        other = _losses(root)
+        other = losses(root)
         assert len(other) == total
         # float32 sums the two halves' gradients in another order than one process does, and training amplifies
         # the rounding difference step by step (on a Sapphire Rapids CPU: 1e-7 relative at first, 1.5e-3 late in

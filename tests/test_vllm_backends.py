@@ -12,11 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from drafts import export_every_other_token
 from test_draft_in_vllm import MLA_LAYOUTS, MLA_VERIFIER, _draft
 
 from eagle3.engines.vllm_env import start_engine
-from eagle3.formats.exported_draft import write_drafts
-from eagle3.stages.vocab import mapping
 
 # kv_lora_rank + qk_rope_head_dim: the head size vLLM's MLA backends see.
 MLA_HEAD_SIZE = 576
@@ -38,18 +37,14 @@ def mla_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("backends")
     (root / "verifier").mkdir()
     (root / "verifier" / "config.json").write_text(json.dumps(MLA_VERIFIER))
-    vocab = MLA_VERIFIER["vocab_size"]
-    d2t, t2d = mapping(torch.arange(0, vocab, 2), vocab)
-    write_drafts(
+    export_every_other_token(
         _draft(MLA_LAYOUTS["eagle3.1"], MLA_VERIFIER, "mla"),
-        d2t,
-        t2d,
-        root / "draft",
-        root / "speculators",
+        root,
+        MLA_VERIFIER["vocab_size"],
         dtype="float32",
-        num_speculative_tokens=3,
+        k=3,
         verifier_name="tiny/mla-verifier",
-        verifier_architectures=MLA_VERIFIER["architectures"],
+        architectures=MLA_VERIFIER["architectures"],
     )
     return root / "verifier", root / "draft"
 
