@@ -103,6 +103,21 @@ EVERY_LAYOUT = 900 + GPU_CHECK + 600e9 / LINK + HASH + TEXT / LINK + PREFLIGHT +
 HERE_DISK = 3e12 - 600e9
 
 
+def _trainers_draft() -> int:
+    """The parameters of the draft the train stage builds (DraftConfig.for_training) for Kimi-K2.5 with the shipped
+    configuration's train settings, on vLLM's default aux layers: counted on the meta device."""
+    import torch
+
+    from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+    from eagle3.plan.configured import shipped_params
+    from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
+
+    params = shipped_params()
+    config = DraftConfig.for_training(KIMI_K2_5_TEXT_CONFIG, (2, 30, 58), params.vocab.draft_vocab_size, params.train)
+    with torch.device("meta"):
+        return sum(p.numel() for p in Eagle3Draft(config).parameters())
+
+
 def test_seed_case_kimi(tmp_path):
     _metrics(tmp_path)
     _provenance(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -110,7 +125,7 @@ def test_seed_case_kimi(tmp_path):
     assert plan["bytes_per_token"] == 57_344 and plan["tokens"] == TOKENS
     assert plan["hidden_states"]["raw_bytes"] == RAW == 2_818_572_288_000
     assert plan["hidden_states"]["stored_bytes"] == pytest.approx(STORED)
-    assert plan["verifier_weights_bytes"] == 600e9 and plan["draft_params"] == DRAFT
+    assert plan["verifier_weights_bytes"] == 600e9 and plan["draft_params"] == DRAFT == _trainers_draft()
     rates = plan["rates"]
     assert rates["flops_per_token"] == FLOPS == 78_327_742_464
     assert rates["extract_there_tokens_per_s"] == pytest.approx(EXTRACT_B200)

@@ -260,3 +260,31 @@ def test_the_training_memory_is_the_draft_the_params_shape(tmp_path):
     assert saved > 10**8  # the MLP alone: 3 x 7168 x (18432 - 9216)
     # Per trained parameter at rest: its fp32 weight and gradient, and the optimizer's state (one or two moments).
     assert 12 <= (resting["derived"] - resting["narrow"]) / saved <= 20
+
+
+def test_the_first_plan_prices_the_benchmark_sets_from_their_declared_records(tmp_path):
+    """Before prepare and benchmarks have run, evaluate's turns are the held-out rows, the long-context probes and
+    every benchmark set's declared records times their turns (MT-bench 80 x 2, HumanEval 164, GSM8K 1,319): what
+    each evaluate server is asked, per run."""
+    write_params(tmp_path, _hero({("prepare", "max_rows"): 3000}))
+    work = _plan(tmp_path)["inputs"]["work"]
+    turns = 128 + 32 + 80 * 2 + 164 + 1319
+    assert {run["turns"] for run in work["evaluation"]} == {turns} == {1803}
+    assert work["evaluation_source"] == (
+        "128 held-out, mt-bench 80 x 2, humaneval 164 x 1, gsm8k 1319 x 1, 32 long-context probes "
+        "(benchmarks.sets[].records until they are made)"
+    )
+
+
+def test_the_link_reads_as_configured_with_its_efficiency(tmp_path):
+    plan = _plan(tmp_path, "--samples", "3000")
+    assert plan["inputs"]["sources"]["link"] == "--link-gbit 5 (default) x --link-efficiency 0.8 (default)"
+    plan = _plan(tmp_path, "--samples", "3000", "--link-gbit", "10")
+    assert plan["inputs"]["sources"]["link"] == "--link-gbit 10 x --link-efficiency 0.8 (default)"
+    assert plan["rates"]["link_bytes_per_s"] == 10e9 * 0.8 / 8
+    # The DVC remote's speeds follow the link until given, and then price A's pull of the states.
+    assert plan["inputs"]["sources"]["remote_down"] == "assumed: the link (--remote-down-gbit)"
+    given = _plan(tmp_path, "--samples", "3000", "--remote-down-gbit", "20")
+    assert given["rates"]["remote_down_bytes_per_s"] == 20e9 / 8
+    stored = given["hidden_states"]["stored_bytes"]
+    assert given["scenarios"]["A"]["rented_steps_s"]["ship_hidden_states"] == pytest.approx(stored / (20e9 / 8))
