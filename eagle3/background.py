@@ -49,22 +49,21 @@ def one_ahead(items: Iterator[T]) -> Iterator[T]:
         worker.join()
 
 
-_DONE = object()
-
-
 class Background:
     """`work(*item)` for each item handed over with `put`, in order, on one thread; `depth` items queued at most.
     After the thread's first error the rest are skipped and the error is raised at the next `put` or `finish`."""
 
     def __init__(self, work: Callable[..., None], depth: int):
-        self._work, self._queue = work, queue.Queue(maxsize=depth)
+        # Each item's arguments, then None: the end.
+        self._work = work
+        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._abandoned = False
         self._thread = threading.Thread(target=self._run, name="eagle3-background", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not _DONE:
+        while (item := self._queue.get()) is not None:
             if self._error is None and not self._abandoned:
                 try:
                     self._work(*item)
@@ -78,14 +77,14 @@ class Background:
 
     def finish(self) -> None:
         """Wait until every item is done; raises the worker's error, if any."""
-        self._queue.put(_DONE)
+        self._queue.put(None)
         self._thread.join()
         self._raise()
 
     def abandon(self) -> None:
         """The caller failed: skip what is still queued, and wait for the item in hand to end."""
         self._abandoned = True
-        self._queue.put(_DONE)
+        self._queue.put(None)
         self._thread.join()
 
     def _raise(self) -> None:

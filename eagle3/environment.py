@@ -122,7 +122,7 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     differs between two records, in a stable order."""
     found: list[str] = []
 
-    def walk(before: Any, after: Any, where: str) -> None:
+    def walk(before: object, after: object, where: str) -> None:
         if isinstance(before, dict) and isinstance(after, dict):
             for key in sorted(set(before) | set(after)):
                 walk(before.get(key), after.get(key), f"{where}.{key}" if where else key)

@@ -1,6 +1,9 @@
 """The one exception type a user ever sees: a single line saying what, where and how to fix."""
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class Eagle3Error(Exception):
@@ -9,7 +12,7 @@ class Eagle3Error(Exception):
     exit_code = 2
 
 
-def field_problem(exc: Any) -> str:
+def field_problem(exc: "ValidationError") -> str:
     """A pydantic ValidationError's first complaint on one line: `field.path: what is wrong (got value)`, the
     value shortened (and, as a repr, with no raw newline), for errors about files a user did not write."""
     error = exc.errors()[0]

@@ -13,6 +13,7 @@ The report stage's redaction (eagle3/publish/redaction.py) reads the same secret
 import os
 import re
 import sys
+from collections.abc import Iterable
 from typing import Any, TextIO
 
 MASK = "***"
@@ -71,7 +72,7 @@ class _Scrubbed:
         self._stream.write(scrub(text))
         return len(text)
 
-    def writelines(self, lines: Any) -> None:
+    def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
             self.write(line)
 

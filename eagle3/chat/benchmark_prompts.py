@@ -21,7 +21,7 @@ class InvalidRecord(ValueError):
     """A record that does not have the layout its set's format names."""
 
 
-def _checked(value: Any, where: str) -> str:
+def _checked(value: object, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidRecord(f"{where} must be a non-empty string, got {type(value).__name__}")
     problem = damaged_text(value)
@@ -72,7 +72,7 @@ FORMATS: dict[str, Format] = {
 }
 
 
-def user_turns(record: Any, format_name: str) -> tuple[list[str], str]:
+def user_turns(record: object, format_name: str) -> tuple[list[str], str]:
     """(the user turns to ask, the record's own text) of a record in format `format_name`."""
     if not isinstance(record, dict):
         raise InvalidRecord(f"must be a JSON object, got {type(record).__name__}")

@@ -9,7 +9,6 @@ assistant strictly alternating, starting with user.
 import hashlib
 import re
 import unicodedata
-from typing import Any
 
 ROLE_ALIASES = {
     "system": "system",
@@ -42,7 +41,7 @@ class InvalidRow(Exception):
         self.reason = reason
 
 
-def normalize(row: Any) -> list[dict[str, str]]:
+def normalize(row: object) -> list[dict[str, str]]:
     """Validate a raw row and return its turns as [{role, content}]; raise InvalidRow saying why not."""
     if not isinstance(row, dict):
         raise InvalidRow("not_an_object", type(row).__name__)
@@ -59,7 +58,7 @@ def normalize(row: Any) -> list[dict[str, str]]:
     return messages
 
 
-def _turn(turn: Any, role_key: str, text_key: str) -> dict[str, str]:
+def _turn(turn: object, role_key: str, text_key: str) -> dict[str, str]:
     if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
         raise InvalidRow("malformed_turn", f"expected {{{role_key}, {text_key}}}")
     raw_role, text = turn[role_key], turn[text_key]

@@ -9,11 +9,11 @@ wrapping round when the split runs out, so they overlap only when the split is s
 a probe never holds one conversation twice.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from eagle3.errors import Eagle3Error
+from eagle3.formats.synthetic import SyntheticRecord
 
 # messages -> the prompt's tokens as the engine renders (chat template, generation prompt) and tokenizes it.
 PromptTokens = Callable[[list[dict[str, str]]], int]
@@ -27,7 +27,7 @@ class Probe:
     prompt_hashes: list[str]
 
 
-def answered_turns(record: dict[str, Any]) -> list[dict[str, str]]:
+def answered_turns(record: SyntheticRecord) -> list[dict[str, str]]:
     """A regenerated conversation's user and assistant turns up to its last answer (system turns left out: a chat
     template takes one only first, and the chained histories have several)."""
     messages = [{"role": m["role"], "content": m["content"]} for m in record["messages"] if m["role"] != "system"]
@@ -37,7 +37,7 @@ def answered_turns(record: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def long_context_probes(
-    records: list[dict[str, Any]], count: int, context_tokens: int, prompt_tokens: PromptTokens
+    records: Sequence[SyntheticRecord], count: int, context_tokens: int, prompt_tokens: PromptTokens
 ) -> list[Probe]:
     """`count` probes from the held-out split's regenerated `records` (see module doc)."""
     pool = [(r["prompt_hash"], answered_turns(r)) for r in records if r["status"] == "ok"]
@@ -47,7 +47,8 @@ def long_context_probes(
             f"evaluate.long_context: {len(pool)} answered held-out conversations, a probe needs 2 (one history, "
             "one question); raise prepare.heldout_rows or set evaluate.long_context: null"
         )
-    probes, start, skipped = [], 0, 0
+    probes: list[Probe] = []
+    start, skipped = 0, 0
     while len(probes) < count:
         probe = _longest_fitting(pool, start, context_tokens, prompt_tokens)
         if probe is None:

@@ -16,11 +16,16 @@ the reasoning exactly as it does in serving.
 """
 
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+# A conversation's messages ({role, content, reasoning?}) as their holders have them: plain dicts, or a synthetic
+# record's (eagle3/formats/synthetic.py). Only read here.
+Messages = Sequence[Mapping[str, Any]]
 
 _INLINE = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
 
@@ -38,6 +43,14 @@ def opens_reasoning(prompt: str) -> bool:
     return prompt.rfind("<think>") > prompt.rfind(THINK_END)
 
 
+def decode(tokenizer: "PreTrainedTokenizerBase", token_ids: list[int]) -> str:
+    """The text of `token_ids`, special tokens left out (one sequence decodes to one string)."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    if not isinstance(text, str):
+        raise TypeError(f"the tokenizer decoded one sequence to {type(text).__name__}, not str")
+    return text
+
+
 def split_opened_reasoning(tokenizer: "PreTrainedTokenizerBase", token_ids: list[int], text: str) -> tuple[str, str]:
     """(content, reasoning) of an answer generated after an opened `<think>`: reasoning up to the first `</think>`,
     content after it; an answer that never closes the block (cut at max_tokens) is all reasoning. Split on the
@@ -47,10 +60,7 @@ def split_opened_reasoning(tokenizer: "PreTrainedTokenizerBase", token_ids: list
         if end not in token_ids:
             return "", text
         cut = token_ids.index(end)
-        return (
-            tokenizer.decode(token_ids[cut + 1 :], skip_special_tokens=True),
-            tokenizer.decode(token_ids[:cut], skip_special_tokens=True),
-        )
+        return decode(tokenizer, token_ids[cut + 1 :]), decode(tokenizer, token_ids[:cut])
     reasoning, closed, content = text.partition(THINK_END)
     return (content, reasoning) if closed else ("", text)
 
@@ -61,7 +71,7 @@ def reasoning_format(content: str, reasoning: str | None) -> str | None:
     return "inline" if inline_reasoning(content) is not None else None
 
 
-def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def template_messages(messages: Messages) -> list[dict[str, Any]]:
     """Messages as a chat template sees them in vLLM serving."""
     rendered = []
     for message in messages:
@@ -74,16 +84,19 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def render(
     tokenizer: "PreTrainedTokenizerBase",
-    messages: list[dict[str, Any]],
+    messages: Messages,
     add_generation_prompt: bool = False,
     template_kwargs: dict[str, Any] | None = None,
 ) -> str:
-    return tokenizer.apply_chat_template(
+    text = tokenizer.apply_chat_template(
         template_messages(messages),
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         **(template_kwargs or {}),
     )
+    if not isinstance(text, str):  # tokenize=False renders text
+        raise TypeError(f"the chat template rendered {type(text).__name__}, not str")
+    return text
 
 
 def template_renders_reasoning(model_dir: Path, trust_remote_code: bool) -> bool:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3.background import one_ahead
 from eagle3.chat.token_layout import Sequence, layout
+from eagle3.errors import Eagle3Error
 from eagle3.formats.provenance import Provenance, verifier_dir
-from eagle3.formats.synthetic import PART_PATTERN, read_manifest, read_part
+from eagle3.formats.synthetic import PART_PATTERN, SyntheticRecord, read_manifest, read_part
 from eagle3.paths import SYNTHETIC_DIR, SYNTHETIC_MANIFEST
 
 if TYPE_CHECKING:
@@ -32,14 +33,21 @@ class Part:
     path: Path
 
 
-def synthetic_parts(root: Path, splits: list[str]) -> list[Part]:
+def synthetic_parts(root: Path, splits: Iterable[str]) -> list[Part]:
     """The parts of `splits` as generate's manifest lists them."""
     manifest = read_manifest(root / SYNTHETIC_MANIFEST)
     return [
-        Part(split, int(PART_PATTERN.match(entry["part"])[1]), root / SYNTHETIC_DIR / split / entry["part"])
+        Part(split, _part_index(entry["part"]), root / SYNTHETIC_DIR / split / entry["part"])
         for split in splits
         for entry in manifest.get(split, [])
     ]
+
+
+def _part_index(name: str) -> int:
+    match = PART_PATTERN.match(name)
+    if match is None:  # read_manifest checks every name against the pattern
+        raise Eagle3Error(f"{SYNTHETIC_MANIFEST}: {name!r} is not a part file name")
+    return int(match[1])
 
 
 def load_tokenizer(root: Path, provenance: Provenance) -> Any:
@@ -49,7 +57,7 @@ def load_tokenizer(root: Path, provenance: Provenance) -> Any:
 
 
 def part_sequences(
-    records: Iterable[dict[str, Any]], tokenizer: "PreTrainedTokenizerBase", max_seq_len: int, counts: Counter
+    records: Iterable[SyntheticRecord], tokenizer: "PreTrainedTokenizerBase", max_seq_len: int, counts: Counter
 ) -> Iterator[Sequence]:
     """A part's training sequences in order; `counts` gets what was skipped or truncated, and why."""
     for record in records:

@@ -25,12 +25,13 @@ turn masked.
 """
 
 import json
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eagle3.chat.reasoning import render
+from eagle3.chat.reasoning import Messages, render
 from eagle3.errors import Eagle3Error
 
 if TYPE_CHECKING:
@@ -57,10 +58,10 @@ class Sequence:
 def layout(
     tokenizer: "PreTrainedTokenizerBase",
     sample_id: str,
-    messages: list[dict[str, Any]],
+    messages: Messages,
     max_seq_len: int,
     template_kwargs: dict[str, Any] | None = None,
-    turn_records: list[dict[str, Any]] | None = None,
+    turn_records: Collection[Mapping[str, Any]] | None = None,
 ) -> list[Sequence]:
     """`template_kwargs`: what generate passed to the chat template (the record's chat_template_kwargs);
     `turn_records`: the record's `turns`, one per assistant turn (finish_reason, completion_tokens)."""

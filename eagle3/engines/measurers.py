@@ -5,7 +5,7 @@ same shape, so the stage (eagle3/stages/evaluate.py) computes its figures alike 
 """
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from eagle3.engines.served_speculation import Retries, Served, ServerClient, check_server_info
 from eagle3.engines.server_access import auth_headers, is_loopback
@@ -17,7 +17,7 @@ from eagle3.environment import capture
 from eagle3.formats.evaluation_kept import KeptItem
 from eagle3.formats.hf_config import read_config, text_config, uses_mla
 from eagle3.formats.provenance import Provenance, checked_verifier_dir
-from eagle3.params.evaluate import EvaluateParams
+from eagle3.params.evaluate import Endpoint, EvaluateParams
 from eagle3.paths import DRAFT_DIR
 from eagle3.precision import engine_device_type, resolve
 
@@ -73,7 +73,31 @@ def evaluate_engine(config: EvaluateParams, model_dir: Path, draft_dir: Path, tr
     )
 
 
-class EngineMeasurer:
+def _drafted(method: str, k: int | None) -> int:
+    """k of a configuration that speculates (the params give every eagle3 and ngram one)."""
+    if k is None:
+        raise ValueError(f"a {method} configuration needs k, the tokens it drafts per step")
+    return k
+
+
+class Measurer(Protocol):
+    """What evaluate asks of a backend for a configuration (method, k): where it runs, for the status line, and
+    its measurement: one result per temperature, greedy first, and the record of how it was measured."""
+
+    def where(self, method: str, k: int | None) -> str: ...
+
+    def measure(
+        self,
+        method: str,
+        k: int | None,
+        conversations: list[dict[str, Any]],
+        answers: list[list[str]] | None,
+        temperatures: tuple[float, ...],
+        kept: KeptItem,
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
+
+
+class EngineMeasurer(Measurer):
     """Each configuration in a fresh in-process vLLM engine (eagle3/engines/speculative.py)."""
 
     def __init__(self, config: EvaluateParams, provenance: Provenance, root: Path, template_kwargs: dict[str, Any]):
@@ -90,7 +114,7 @@ class EngineMeasurer:
         method: str,
         k: int | None,
         conversations: list[dict[str, Any]],
-        answers,
+        answers: list[list[str]] | None,
         temperatures: tuple[float, ...],
         kept: KeptItem,
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -99,11 +123,11 @@ class EngineMeasurer:
         config = self.config
         speculation = None
         if method == "eagle3":
-            speculation = Speculation("eagle3", k, str(self.draft_dir))
+            speculation = Speculation("eagle3", _drafted(method, k), str(self.draft_dir))
         elif method == "ngram":
             speculation = Speculation(
                 "ngram",
-                k,
+                _drafted(method, k),
                 prompt_lookup_min=config.ngram.prompt_lookup_min,
                 prompt_lookup_max=config.ngram.prompt_lookup_max,
             )
@@ -127,7 +151,7 @@ class EngineMeasurer:
         return outcomes, record
 
 
-class ServerMeasurer:
+class ServerMeasurer(Measurer):
     """Each configuration on the running server labelled with it (eagle3/engines/served_speculation.py). Only the
     servers of the configurations measured are contacted: one that is kept needs no server up."""
 
@@ -137,7 +161,7 @@ class ServerMeasurer:
         self.config, self.template_kwargs = config, template_kwargs
         self.headers = auth_headers(servers.api_key_env, "evaluate.servers.api_key_env")
         self.retries = Retries(servers.concurrency, servers.timeout_s, servers.max_retries, servers.backoff_s)
-        self.endpoints = {(e.serves, e.k): e for e in servers.endpoints}
+        self.endpoints: dict[tuple[str, int | None], Endpoint] = {(e.serves, e.k): e for e in servers.endpoints}
         self.mla = None  # the servers' business: their own flags
 
     def where(self, method: str, k: int | None) -> str:
@@ -148,7 +172,7 @@ class ServerMeasurer:
         method: str,
         k: int | None,
         conversations: list[dict[str, Any]],
-        answers,
+        answers: list[list[str]] | None,
         temperatures: tuple[float, ...],
         kept: KeptItem,
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -331,7 +331,7 @@ class ServerClient:
         )
         numbers = [histogram, steps]
         if not all(isinstance(v, list) and all(isinstance(n, int) and n >= 0 for n in v) for v in numbers) or not (
-            isinstance(drafted, int) and len(histogram) == (self.served.k or 0) + 1
+            isinstance(drafted, int) and isinstance(histogram, list) and len(histogram) == (self.served.k or 0) + 1
         ):
             raise Eagle3Error(
                 f"{where} returned no per-request acceptance for k={self.served.k} (metrics.speculative_decoding with "

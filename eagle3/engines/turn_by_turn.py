@@ -29,7 +29,7 @@ def ask_turn_by_turn(
     counters."""
     later = later or [[] for _ in prompts]
     own: list[list[str]] = [[] for _ in prompts]
-    results = [{"seconds": 0.0, "completions": [], "counters": None} for _ in range(samplings)]
+    results: list[dict[str, Any]] = [{"seconds": 0.0, "completions": [], "counters": None} for _ in range(samplings)]
     for turn in range(1 + max(map(len, later), default=0)):
         asked = [i for i in range(len(prompts)) if len(later[i]) >= turn]
         for number, result in enumerate(results):

@@ -36,11 +36,11 @@ def read_benchmarks(root: Path) -> list[dict[str, Any]]:
     return data["sets"]
 
 
-def _count(value: Any) -> bool:
+def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _problem(entry: Any, names: set[str]) -> str | None:
+def _problem(entry: object, names: set[str]) -> str | None:
     """What is wrong with one set as evaluate and report read it, or None."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
         return "not an object with a name"

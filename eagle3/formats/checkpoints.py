@@ -37,10 +37,13 @@ from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 
 
 class CheckpointedOptimizer(Protocol):
-    """What checkpoints read of the training's optimizer (eagle3/training/optimizers.py's DraftOptimizer)."""
+    """What checkpoints read of the training's optimizer (eagle3/training/optimizers.py's DraftOptimizer, which
+    declares it): its parameters by group, and each one's state by field, which loading fills in place."""
 
-    param_groups: list[dict[str, Any]]
-    state: Mapping
+    state: Mapping[torch.Tensor, dict[str, torch.Tensor]]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]: ...
 
     def owns(self, param: torch.Tensor) -> bool: ...
 

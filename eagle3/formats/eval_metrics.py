@@ -215,6 +215,13 @@ class EvalMetrics(_Record):
     def greedy_run(self, method: str, k: int | None) -> Run | None:
         return next((r for r in self.runs if r.method == method and r.k == k and r.temperature == 0), None)
 
+    def headline_run(self) -> Run:
+        """The greedy eagle3 run at the headline k, which read_eval_metrics requires."""
+        run = self.greedy_run("eagle3", self.headline.k)
+        if run is None:
+            raise Eagle3Error(f"{EVAL_METRICS.as_posix()}: runs: no greedy eagle3 run at k={self.headline.k}")
+        return run
+
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 

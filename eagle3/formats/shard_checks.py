@@ -172,7 +172,7 @@ def index_entries(path: Path, index: bytes, records: tuple[int, int]) -> list[In
     return entries
 
 
-def hidden_index(path: Path, data: Any) -> HiddenIndex:
+def hidden_index(path: Path, data: object) -> HiddenIndex:
     """data/hidden/index.json (`write_index`), validated: its shard names stay inside their split's directory."""
     try:
         return _HIDDEN_INDEX.validate_python(data)

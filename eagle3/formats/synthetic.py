@@ -27,7 +27,7 @@ checked before anything is decompressed, and every record must have exactly the 
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired
 
@@ -196,7 +196,7 @@ def read_manifest(path: Path) -> dict[str, list[ManifestEntry]]:
         raise Eagle3Error(f"{path}: {field_problem(exc)}; rerun `eagle3 generate` to rewrite it") from None
 
 
-def write_manifest(out: Path, splits: list[str]) -> None:
+def write_manifest(out: Path, splits: Iterable[str]) -> None:
     """The last file written: every finished part of every split with its sha256 and record count."""
     manifest = {}
     for split in splits:

@@ -308,14 +308,25 @@ def size_for(verifier: Verifier, gpu: str, gpus: int, thinking: bool | None, lic
         f"{_gb(weights_gb)} GB of weights: {_gb(weights_gb / tensor_parallel_size)} GB per GPU leaves the KV cache "
         f"room in {ENGINE_SHARE} of a {GPUS[gpu].name}"
     )
-    engine = [
+    engine: list[tuple[str, Any, str | None]] = [
         ("tensor_parallel_size", tensor_parallel_size, tp_reason),
         ("gpu_memory_utilization", ENGINE_SHARE, "the stages run one at a time, each alone on the GPUs"),
         ("enforce_eager", False, "CUDA graphs"),
     ]
     probe = verifier.context >= LONG_CONTEXT + answers
     return Sizing(
-        verifier, gpu, gpus, license_id, thinks, answers, longest, ttt_steps, recompute, reason, engine, probe
+        verifier=verifier,
+        gpu=gpu,
+        gpus=gpus,
+        license_id=license_id,
+        thinks=thinks,
+        answers=answers,
+        longest=longest,
+        ttt_steps=ttt_steps,
+        recompute=recompute,
+        recompute_reason=reason,
+        engine=engine,
+        probe=probe,
     )
 
 

@@ -127,7 +127,8 @@ class EvaluateParams(Section):
         if self.backend == "servers":
             if self.servers is None:
                 raise ValueError("servers: backend servers needs servers.endpoints")
-            drafts = sorted(e.k for e in self.servers.endpoints if e.serves == "eagle3")
+            # An eagle3 endpoint has a k (Endpoint checks it).
+            drafts = sorted(e.k for e in self.servers.endpoints if e.serves == "eagle3" and e.k is not None)
             if self.headline_k not in drafts:
                 raise ValueError(f"headline_k {self.headline_k} must be the k of an eagle3 endpoint, got {drafts}")
             return self

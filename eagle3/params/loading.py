@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from eagle3.errors import Eagle3Error
 from eagle3.paths import PARAMS_FILE
@@ -70,7 +71,7 @@ def read_yaml(path: Path) -> Any:
         raise Eagle3Error(f"{where}: invalid YAML: {problem}") from None
 
 
-def validate(raw: Any, model: type[ModelT], path: Path) -> ModelT:
+def validate(raw: object, model: type[ModelT], path: Path) -> ModelT:
     """`raw` (params.yaml as read) as `model`, or Eagle3Error naming the first problem's key path."""
     if not isinstance(raw, dict):
         raise Eagle3Error(
@@ -86,7 +87,7 @@ def validate(raw: Any, model: type[ModelT], path: Path) -> ModelT:
         raise Eagle3Error(f"{path}: {describe_error(errors[0], model)}{more}") from None
 
 
-def describe_error(error: dict, root: type[BaseModel]) -> str:
+def describe_error(error: ErrorDetails, root: type[BaseModel]) -> str:
     """One pydantic error of validating `root` -> 'key.path: what is wrong', with the union tags pydantic adds to
     locations removed."""
     loc = _walk(root, error["loc"])[0]
@@ -120,7 +121,7 @@ def describe_error(error: dict, root: type[BaseModel]) -> str:
     return f"{_dotted(loc)}: {message}"
 
 
-def _yaml_number_hint(value: Any, kind: str) -> str:
+def _yaml_number_hint(value: object, kind: str) -> str:
     """What to write instead of a number YAML read as a string (1e30: a string to YAML 1.1, 1.0e30 a float)."""
     if not (isinstance(value, str) and _EXPONENT_WITHOUT_DOT.fullmatch(value.strip())):
         return ""
@@ -166,10 +167,10 @@ def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
     return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
 
 
-def _child(model: Any, part: Any) -> Any:
+def _child(model: Any, part: str | int) -> Any:
     """The annotation one step below `model` at `part` (a field name or a list index)."""
     if isinstance(model, type) and issubclass(model, BaseModel):
-        field = model.model_fields.get(part)
+        field = model.model_fields.get(part) if isinstance(part, str) else None
         return field.annotation if field else None
     origin = typing.get_origin(model)
     if origin is typing.Annotated:

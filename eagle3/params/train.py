@@ -1,6 +1,6 @@
 """params.yaml `train:` — the EAGLE-3 draft and how it is trained."""
 
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import BeforeValidator, Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -9,7 +9,7 @@ from eagle3.params.base import Section, Seed, Threads, Workers, execution_only, 
 from eagle3.precision import TrainPrecision
 
 
-def _yaml_off(value: Any) -> Any:
+def _yaml_off(value: object) -> object:
     # YAML 1.1 (PyYAML) reads an unquoted `off` as false; true has no meaning here and stays an error.
     return "off" if value is False else value
 
@@ -22,7 +22,10 @@ Optimizer = Literal["adamw", "muon"]
 # train.draft_layer: the draft's decoder layer (eagle3/modeling/draft.py): llama, grouped-query attention as vLLM's
 # llama_eagle3.py runs it; mla, multi-head latent attention as its deepseek_eagle3.py runs it.
 DraftLayer = Literal["llama", "mla"]
-GpuKind = Literal[tuple(GPUS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    GpuKind = str  # a Literal built from GPUS' keys at runtime, which a type checker cannot read
+else:
+    GpuKind = Literal[tuple(GPUS)]
 # Deeper than any published draft (SpecForge's Kimi drafts: 7): each step is a whole draft layer unrolled, and the
 # training memory estimate builds every one.
 MAX_TTT_STEPS = 32

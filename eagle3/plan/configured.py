@@ -123,7 +123,8 @@ def apply(args: argparse.Namespace, params_path: Path) -> tuple[Configured, dict
     if params is None:
         return Configured(None, None, None), sources
     layout = "C" if params.train.hidden_states == "streamed" else "A or B"
-    source = params.verifier.source
-    local = source.kind == "local"
-    name = source.name if local else source.upstream_model
+    from eagle3.params.params_file import configured_verifier
+
+    local = params.verifier.source.kind == "local"
+    name = configured_verifier(params)
     return Configured(params_path, layout, name, local, params), sources

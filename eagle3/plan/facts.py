@@ -18,7 +18,7 @@ NOT_IN_JSON = {"json": False}
 INLINE = {"inline": True}
 
 
-def to_json(value: Any) -> Any:
+def to_json(value: object) -> Any:
     """Dataclasses as objects of their fields in declaration order (see NOT_IN_JSON and INLINE), dicts and
     sequences item by item, anything else as it is."""
     if is_dataclass(value):
@@ -67,6 +67,13 @@ class VerifierShape:
     weights_bytes: float | None
     # The language model's config.json keys, from which the draft is shaped for the training-memory estimate.
     config: dict[str, Any] = field(default_factory=dict, metadata=NOT_IN_JSON, compare=False)
+
+    @property
+    def known_weights_bytes(self) -> float:
+        """weights_bytes, which every plan has (verifier_from_args refuses a verifier without it)."""
+        if self.weights_bytes is None:
+            raise ValueError(f"verifier {self.name}: weights size unknown")
+        return self.weights_bytes
 
 
 # Kimi-K2.5's language model (its config.json `text_config`) as far as shaping the draft reads it: MLA (it has

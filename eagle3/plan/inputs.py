@@ -210,9 +210,9 @@ def collect_warnings(
     if long_sample is not None:
         warnings.append(long_sample)
     for side, machine in (("here", here), ("there", there)):
-        if not weights_fit(verifier.weights_bytes, machine):
+        if not weights_fit(verifier.known_weights_bytes, machine):
             warnings.append(
-                f"the verifier's {verifier.weights_bytes / GB:,.0f} GB of weights do not fit {side} "
+                f"the verifier's {verifier.known_weights_bytes / GB:,.0f} GB of weights do not fit {side} "
                 f"({machine.gpus} x {machine.memory_gb:g} GB x {GPU_MEMORY_UTILIZATION}); check "
                 + ("--here-gpu/--here-gpus" if side == "here" else "--gpu/--gpus")
             )
@@ -232,6 +232,9 @@ def _choose_verifier(args: argparse.Namespace, root: Path, configured: Configure
     if args.verifier is not None:
         return "--verifier"
     name, params = configured.verifier_name, configured.path
+    if name is None or params is None:  # no params file (Configured sets all of it or none)
+        args.verifier = DEFAULT_VERIFIER
+        return f"default of --verifier ({DEFAULT_VERIFIER})"
     preset = next((key for key, shape in PRESETS.items() if shape.name == name), None)
     if preset is not None:
         args.verifier = preset
@@ -244,9 +247,6 @@ def _choose_verifier(args: argparse.Namespace, root: Path, configured: Configure
         if directory is not None and directory.is_dir():
             args.verifier = str(directory)
             return f"{params.name} verifier ({setting}: {directory})"
-    if name is None:
-        args.verifier = DEFAULT_VERIFIER
-        return f"default of --verifier ({DEFAULT_VERIFIER})"
     if (root / PROVENANCE).is_file() and read_provenance(root).name == name:
         args.verifier = str(root / VERIFIER_DIR)
         return f"{params.name} verifier ({name}, as the verifier stage recorded it in {VERIFIER_DIR})"
@@ -354,8 +354,8 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     else:
         extract_there = there_preflight.sources.get("extract") or _derived_words(there, args.mfu)
     work = planned_work(args, root, configured)
-    streamed = (None, None)
-    if configured.layout == "C":
+    streamed: tuple[float | None, bool | None] = (None, None)
+    if configured.layout == "C" and configured.params is not None:  # layout C is read from the params
         train, extract = configured.params.train, configured.params.extract
         streamed = (extract.vllm.gpu_memory_utilization, train.stream_phase_steps is not None)
     serve, serve_source = serving_rate(args, root, configured)

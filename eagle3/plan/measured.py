@@ -16,7 +16,7 @@ from eagle3.plan.preflight_reports import PreflightFigures
 from eagle3.plan.work import measured_verifier
 
 # How a ratio measured with one extract.storage becomes another's (eagle3/formats/storage.py).
-STORAGE_GAIN = {name: storage.gain_over_lossless for name, storage in STORAGES.items()}
+STORAGE_GAIN: dict[str, float] = {name: storage.gain_over_lossless for name, storage in STORAGES.items()}
 
 
 def read_extract_metrics(path: Path) -> dict[str, Any]:
@@ -84,15 +84,21 @@ def compression_ratio(
     if args.compression_ratio is None and preflight is not None and preflight.compression_ratio is not None:
         ratio, storage = preflight.compression_ratio, preflight.storage
         source = preflight.sources["compression_ratio"]
+        if storage is None:  # a preflight report records its storage beside its ratio
+            raise Eagle3Error(f"{source}: a compression ratio without the extract.storage it was measured with")
         return CompressionRatio(ratio, storage, source, storage_ratios(ratio, storage), False)
     metrics = measured.metrics
     # A metrics file older than extract.storage was written by the lossless codec.
-    measured_storage = metrics.get("storage", DEFAULT_STORAGE) if metrics else None
+    measured_storage: str | None = metrics.get("storage", DEFAULT_STORAGE) if metrics else None
     storage = args.storage or measured_storage or DEFAULT_STORAGE
     if args.compression_ratio is not None:
         ratio = args.compression_ratio
         return CompressionRatio(
             ratio, storage, f"--compression-ratio (storage {storage})", storage_ratios(ratio, storage), False
+        )
+    if metrics is None or measured_storage is None:  # read_measurements reads them where no ratio is given
+        raise Eagle3Error(
+            f"{args.metrics or EXTRACT_METRICS}: no compression ratio and storage read; pass --compression-ratio"
         )
     ratio = float(metrics["compression_ratio"])
     positive(f"{args.metrics or EXTRACT_METRICS}: compression_ratio", ratio)

@@ -446,8 +446,10 @@ def check_gpu_memory(params: "Params", path: Path) -> list[str]:
     per_node = train.launch.processes_per_node
     processes = per_node * train.launch.nodes if isinstance(per_node, int) else 8
     if weights is not None:
+        from eagle3.params.params_file import configured_verifier
+
         problem = verifier_fit_problem(
-            params.verifier.source.name, weights, per_node if isinstance(per_node, int) else 8, gpu
+            configured_verifier(params), weights, per_node if isinstance(per_node, int) else 8, gpu
         )
         if problem is not None:
             raise Eagle3Error(f"{path}: train.launch.gpu: {gpu}: {problem} (`eagle3 init NAME --gpu KIND`)")

@@ -180,7 +180,7 @@ def compute_sizes(inputs: Inputs, compression_ratio: float) -> Sizes:
         bytes_per_token=bytes_per_token,
         hidden_states=HiddenStates(raw, raw / compression_ratio, inputs.max_tokens * bytes_per_token),
         text_bytes=tokens * TEXT_BYTES_PER_TOKEN,
-        verifier_weights_bytes=v.weights_bytes,
+        verifier_weights_bytes=v.known_weights_bytes,
         draft_params=inputs.draft.parameters,
         checkpoints_bytes=inputs.draft.checkpoint_bytes * inputs.keep_checkpoints,
         stored_bytes_per_token=bytes_per_token / compression_ratio,
@@ -364,7 +364,7 @@ def streamed_memory(inputs: Inputs) -> StreamedFit | None:
     if inputs.streamed_share is not None:
         return streamed_fit(memory, inputs.recompute, inputs.streamed_share, bool(inputs.streamed_phases))
     share = verifier_share(
-        inputs.verifier.weights_bytes,
+        inputs.verifier.known_weights_bytes,
         inputs.there.gpus,
         inputs.there.gpu,
         inputs.verifier.config,
@@ -385,9 +385,9 @@ def _scenario(inputs: Inputs, rates: Rates, name: str, disk: ScenarioDisk, steps
     problems = [
         f"needs {size(need.bytes)} {side}, more than its {size(need.budget_tb * TB)}"
         for side, need in disk.sides()
-        if not need.fits
+        if not need.fits and need.budget_tb is not None  # a need without a budget always fits
     ]
-    weights = inputs.verifier.weights_bytes
+    weights = inputs.verifier.known_weights_bytes
     fits = weights_fit(weights, there)
     if not fits:
         problems.append(

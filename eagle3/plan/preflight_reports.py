@@ -119,7 +119,7 @@ class _Report(_Part):
     items: dict[str, _Item]
 
 
-def _validated(model: type[BaseModel], raw: Any, prefix: str, flag: str, path: Path, fix: str) -> Any:
+def _validated(model: type[BaseModel], raw: object, prefix: str, flag: str, path: Path, fix: str) -> Any:
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from eagle3.formats.provenance import Provenance
     from eagle3.params.params_file import Params
 
 GB = 1e9
@@ -60,7 +61,8 @@ class Context:
     results: dict[str, Item] = field(default_factory=dict)
     # Real states the extraction item captured, encoded as extract.storage stores them (the data path decodes them).
     encoded_samples: list[tuple[bytes, int]] = field(default_factory=list)
-    provenance: Any = None
+    # The verifier stage's record and the directory it points at, once an item has read them (ensure_verifier).
+    provenance: "Provenance | None" = None
     model_dir: Path | None = None
 
     def budget(self, item: str) -> float:

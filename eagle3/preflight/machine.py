@@ -7,10 +7,13 @@ import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from eagle3.preflight.items import GB, Context, Fix, Item
 from eagle3.remotes.dvc_settings import dvc_cache_dir, nearest_existing
+
+if TYPE_CHECKING:
+    from eagle3.formats.storage import StorageName
 
 MATMUL_SIZE = 1024
 
@@ -65,13 +68,14 @@ def measure_machine(context: Context, item: Item) -> None:
     precision: dict[str, Any] = {}
     for device in devices:
         kind = device.split(":")[0]
-        rates = {}
+        rates: dict[str, float | None] = {}
         for dtype in ("float32", "bfloat16"):
             if kind == "cuda" and dtype == "bfloat16" and not native_bf16("cuda"):
                 rates[dtype] = None  # emulated on this GPU: not a choice to time
                 continue
             rates[dtype] = round(matmul_rate(device, dtype, per_dtype), 1)
-        fastest = max((d for d in rates if rates[d]), key=lambda d: rates[d])
+        timed = {d: rate for d, rate in rates.items() if rate}
+        fastest = max(timed, key=lambda d: timed[d])
         precision[kind] = {"gflops": rates, "fastest": fastest, "auto_resolves_to": resolve("auto", kind)}
     description = (
         f"{len(accelerators)} x {accelerators[0]['name']}" if accelerators else f"CPU ({environment['cpu']['model']})"
@@ -227,7 +231,7 @@ def disk_throughput(directory: Path, seconds: float, limit_bytes: int) -> dict[s
     }
 
 
-def decode_rate(samples: list[tuple[bytes, int]], storage: str, seconds: float) -> float:
+def decode_rate(samples: list[tuple[bytes, int]], storage: "StorageName", seconds: float) -> float:
     """Tokens/s one process decodes of `samples` (record bytes, tokens), looped for about `seconds`."""
     from eagle3.formats.shards import decode_sample
 

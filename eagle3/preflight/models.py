@@ -5,9 +5,14 @@ vLLM starting this verifier with an EAGLE-3 draft."""
 import importlib.metadata
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from eagle3.errors import Eagle3Error
 from eagle3.preflight.items import GB, Context, Fix, Item, NotAvailable
+
+if TYPE_CHECKING:
+    from eagle3.formats.provenance import Provenance
+    from eagle3.modeling.draft import DraftConfig
 
 # What the extraction item captures where the project has no regenerated conversations yet: real states of the
 # verifier for ordinary chat text (the compression ratio depends on the verifier's states, little on the words).
@@ -36,35 +41,35 @@ EXTRACTION_SAMPLES = 16
 KEPT_FOR_DECODING_BYTES = 256 << 20
 
 
-def ensure_verifier(context: Context) -> None:
-    """The verifier stage's record and the directory it points at, or the one line saying what to run."""
-    if context.provenance is not None:
-        return
-    from eagle3.formats.provenance import read_provenance, verifier_dir
+def ensure_verifier(context: Context) -> tuple["Provenance", Path]:
+    """The verifier stage's record and the directory it points at (read once, kept in `context`), or the one line
+    saying what to run."""
+    if context.provenance is None or context.model_dir is None:
+        from eagle3.formats.provenance import read_provenance, verifier_dir
 
-    try:
-        context.provenance = read_provenance(context.root)
-        context.model_dir = verifier_dir(context.root)
-    except Eagle3Error as exc:
-        raise Fix(str(exc)) from None
+        try:
+            context.provenance = read_provenance(context.root)
+            context.model_dir = verifier_dir(context.root)
+        except Eagle3Error as exc:
+            raise Fix(str(exc)) from None
+    return context.provenance, context.model_dir
 
 
 def check_verifier(context: Context, item: Item) -> None:
     from eagle3.chat.reasoning import render
     from eagle3.formats.provenance import describe_model_dir, weights_fingerprint
 
-    ensure_verifier(context)
-    provenance = context.provenance
+    provenance, model_dir = ensure_verifier(context)
     started = time.perf_counter()
     current = {
-        **describe_model_dir(context.model_dir, provenance.trust_remote_code),
-        **weights_fingerprint(context.model_dir),
+        **describe_model_dir(model_dir, provenance.trust_remote_code),
+        **weights_fingerprint(model_dir),
     }
     fields = ("config_sha256", "tokenizer_sha256", "chat_template_sha256", *provenance.weights_identity())
     changed = [name for name in fields if current.get(name) != getattr(provenance, name)]
     item.figures.update(
         name=provenance.name,
-        directory=str(context.model_dir),
+        directory=str(model_dir),
         weight_bytes=provenance.weight_bytes,
         identity_checked=list(fields),
     )
@@ -74,26 +79,26 @@ def check_verifier(context: Context, item: Item) -> None:
     )
     if changed:
         raise Fix(
-            f"the verifier at {context.model_dir} no longer matches what the verifier stage recorded "
+            f"the verifier at {model_dir} no longer matches what the verifier stage recorded "
             f"({', '.join(changed)} differ): restore it, or run `dvc repro verifier` (every later stage then reruns)"
         )
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(context.model_dir, trust_remote_code=provenance.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=provenance.trust_remote_code)
     text = render(tokenizer, FALLBACK_CONVERSATIONS[0], False, None)
     item.figures["chat_template_tokens"] = len(tokenizer(text, add_special_tokens=False)["input_ids"])
     item.how["chat_template_tokens"] = "a two-turn conversation rendered by its chat template and tokenized"
 
 
-def draft_config(context: Context):
+def draft_config(context: Context) -> "DraftConfig":
     from eagle3.engines.hidden_states.base import layer_ids
     from eagle3.formats.hf_config import read_config
     from eagle3.modeling.draft import DraftConfig
 
     params = context.params
-    provenance = context.provenance
+    provenance, model_dir = ensure_verifier(context)
     return DraftConfig.for_training(
-        read_config(context.model_dir),
+        read_config(model_dir),
         layer_ids(params.extract, provenance)[:-1],
         min(params.vocab.draft_vocab_size, provenance.vocab_size),
         params.train,
@@ -222,7 +227,7 @@ def measure_training(context: Context, item: Item) -> None:
         else "live tensor storage of one more real step above its weights, AdamW state and batch",
         estimated_step_bytes="the same step on fake tensors (eagle3/training/memory.py), on top of the same",
     )
-    if run_tokens < tokens:
+    if memory is not None and run_tokens < tokens:  # a shorter run only where the memory is known
         raise Fix(
             f"a {tokens:,}-token sample needs ~{estimates[recompute] / GB:,.1f} GB with train.activation_checkpointing "
             f"{recompute}, more than the {memory / GB:,.1f} GB here; the longest that fits: "
@@ -231,11 +236,15 @@ def measure_training(context: Context, item: Item) -> None:
         )
 
 
-def _conversations(context: Context) -> tuple[list[tuple[str, list, dict | None, list | None]], str]:
+# A conversation extraction is measured on: its id, messages, chat template kwargs and turn records (None: unknown).
+_Conversation = tuple[str, list[Any], dict[str, Any] | None, list[Any] | None]
+
+
+def _conversations(context: Context) -> tuple[list[_Conversation], str]:
     from eagle3.formats.synthetic import iter_records
 
     try:
-        records = []
+        records: list[_Conversation] = []
         for record in iter_records(context.root, "train"):
             if record["status"] == "ok":
                 records.append((record["id"], record["messages"], record["chat_template_kwargs"], record["turns"]))
@@ -260,10 +269,10 @@ def measure_extraction(context: Context, item: Item) -> None:
     from eagle3.formats.shards import encode_sample
     from eagle3.precision import engine_device_type, resolve
 
-    ensure_verifier(context)
-    params, provenance = context.params, context.provenance
+    provenance, model_dir = ensure_verifier(context)
+    params = context.params
     extract = params.extract
-    tokenizer = AutoTokenizer.from_pretrained(context.model_dir, trust_remote_code=provenance.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=provenance.trust_remote_code)
     conversations, source = _conversations(context)
     sequences = [
         sequence
@@ -274,11 +283,12 @@ def measure_extraction(context: Context, item: Item) -> None:
     dtype = resolve(extract.dtype, engine_device_type())
     started = time.perf_counter()
     capture = open_capture(
-        CaptureRequest(context.model_dir, provenance, layers, extract, context.scratch / "vllm-spool", dtype)
+        CaptureRequest(model_dir, provenance, layers, extract, context.scratch / "vllm-spool", dtype)
     )
     load_s = time.perf_counter() - started
     try:
-        tokens = forward_s = raw = stored = kept = samples = 0
+        tokens = raw = stored = kept = samples = 0
+        forward_s = 0.0
         deadline = time.perf_counter() + context.budget("extraction")
         batches = length_sorted_batches(sequences, extract.batch_tokens)
         capture.forward([sequences[position] for position in batches[0]])  # warm-up, untimed
@@ -331,8 +341,9 @@ def _draft_for_serving(context: Context) -> tuple[Path, str]:
     from eagle3.modeling.draft import Eagle3Draft
     from eagle3.paths import DRAFT_DIR
 
+    provenance, model_dir = ensure_verifier(context)
     exported = context.root / DRAFT_DIR
-    if (exported / "config.json").is_file() and not check_draft(exported, context.model_dir):
+    if (exported / "config.json").is_file() and not check_draft(exported, model_dir):
         return exported, f"the exported draft ({DRAFT_DIR})"
     config = draft_config(context)
     torch.manual_seed(0)
@@ -349,8 +360,8 @@ def _draft_for_serving(context: Context) -> tuple[Path, str]:
         context.scratch / "draft-speculators",
         dtype=context.params.export.dtype,
         num_speculative_tokens=context.params.export.num_speculative_tokens,
-        verifier_name=context.provenance.name,
-        verifier_architectures=context.provenance.architectures,
+        verifier_name=provenance.name,
+        verifier_architectures=provenance.architectures,
     )
     return target, "a draft of the configured shape with random weights (no valid exported draft yet)"
 
@@ -375,14 +386,14 @@ def check_serving(context: Context, item: Item) -> None:
         raise NotAvailable("vLLM is not installed here (`make setup` installs the locked build)")
     from eagle3.engines.vllm_env import on_cpu_build
 
-    ensure_verifier(context)
+    provenance, model_dir = ensure_verifier(context)
     item.figures.update(vllm_version=version, build="cpu" if on_cpu_build() else "cuda")
-    evaluate, provenance = context.params.evaluate, context.provenance
+    evaluate = context.params.evaluate
     draft_dir, draft_source = _draft_for_serving(context)
-    mla = mla_in_vllm(context.model_dir, draft_dir)
+    mla = mla_in_vllm(model_dir, draft_dir)
     k = context.params.export.num_speculative_tokens
     engine = Engine(
-        verifier=str(context.model_dir),
+        verifier=str(model_dir),
         max_model_len=min(evaluate.vllm.max_model_len, 1024),
         cpu_kvcache_space_gib=1,
         gpu_memory_utilization=evaluate.vllm.gpu_memory_utilization,

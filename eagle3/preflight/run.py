@@ -105,7 +105,7 @@ HEADLINES = {
 }
 
 
-def _figure_words(value: Any, key: str = "") -> str:
+def _figure_words(value: object, key: str = "") -> str:
     if key.endswith("bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value / GB:,.2f} GB"
     if isinstance(value, float):

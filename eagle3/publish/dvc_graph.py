@@ -62,14 +62,14 @@ def param_keys(items: Iterable[Any] | None) -> dict[str, list[str] | None]:
     keys: dict[str, list[str] | None] = {}
     for item in items or []:
         if isinstance(item, str):
-            if keys.get("params.yaml", []) is not None:
-                keys.setdefault("params.yaml", []).append(item)
+            if (whole := keys.setdefault("params.yaml", [])) is not None:
+                whole.append(item)
             continue
         for file, listed in item.items():
             if not listed:
                 keys[file] = None
-            elif keys.get(file, []) is not None:
-                keys.setdefault(file, []).extend(listed)
+            elif (named := keys.setdefault(file, [])) is not None:
+                named.extend(listed)
     return keys
 
 

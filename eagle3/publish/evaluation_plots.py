@@ -95,11 +95,17 @@ def write_plots(root: Path, runs: list[dict[str, Any]], config: EvaluateParams) 
     _save(plt, figure, root / EVAL_FIGURE)
 
 
+def _figure(cell: str | float) -> float:
+    """A measured cell's figure; 0 for one not measured ("")."""
+    return 0 if isinstance(cell, str) else cell
+
+
 def write_benchmark_plots(root: Path, sets: dict[str, dict[str, Any]], k: int) -> None:
     """metrics/eval/benchmarks.csv and reports/eval_benchmarks.png: per prompt set, greedy, at the headline k."""
-    rows = []
+    # One row per prompt set: its name, then each method's figure and interval, "" where not measured.
+    rows: list[list[str | float]] = []
     for name, entry in sets.items():
-        cells = [name]
+        cells: list[str | float] = [name]
         for method in ("eagle3", "ngram"):
             found = find_run(entry["results"], method, k, 0.0)
             interval = (found or {}).get("tokens_per_step_ci95") or ["", ""]
@@ -115,10 +121,10 @@ def write_benchmark_plots(root: Path, sets: dict[str, dict[str, Any]], k: int) -
     for offset, (method, first) in ((-0.2, ("eagle3", 1)), (0.2, ("ngram", 4))):
         if all(r[first] == "" for r in rows):
             continue  # not measured: no bars rather than bars of height 0
-        values = [r[first] if r[first] != "" else 0 for r in rows]
+        values = [_figure(r[first]) for r in rows]
         errors = [
-            [v - r[first + 1] if r[first + 1] != "" else 0 for v, r in zip(values, rows, strict=True)],
-            [r[first + 2] - v if r[first + 2] != "" else 0 for v, r in zip(values, rows, strict=True)],
+            [v - _figure(r[first + 1]) if r[first + 1] != "" else 0 for v, r in zip(values, rows, strict=True)],
+            [_figure(r[first + 2]) - v if r[first + 2] != "" else 0 for v, r in zip(values, rows, strict=True)],
         ]
         positions = [i + offset for i in range(len(rows))]
         axes.bar(positions, values, 0.4, yerr=errors, capsize=3, label=method)

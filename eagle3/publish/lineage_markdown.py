@@ -10,10 +10,11 @@ from eagle3.publish.environment_summary import summary
 def _size(size: int | None) -> str:
     if size is None:
         return ""
+    scaled = float(size)
     for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
+        if scaled < 1000 or unit == "TB":
+            return f"{scaled:.0f} {unit}" if unit == "B" else f"{scaled:.1f} {unit}"
+        scaled /= 1000
     return ""
 
 

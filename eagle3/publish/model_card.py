@@ -6,13 +6,14 @@ so every number and hash on the card is one the pipeline recorded. The text is t
 """
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import yaml
 
-from eagle3.formats.eval_metrics import EvalMetrics
+from eagle3.formats.eval_metrics import EvalMetrics, Figures
 from eagle3.params.report import ReportParams
 from eagle3.paths import DRAFT_DIR, SPECULATORS_DRAFT_DIR
 from eagle3.publish import licenses
@@ -90,11 +91,11 @@ def metadata(lineage: dict[str, Any], evaluation: EvalMetrics, title: str) -> di
     }
 
 
-def _number(value: Any, digits: int = 2) -> str:
+def _number(value: object, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def _with_interval(value: Any, interval: tuple[float, float] | None) -> str:
+def _with_interval(value: object, interval: tuple[float, float] | None) -> str:
     return _number(value) + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
 
 
@@ -124,7 +125,7 @@ def benchmark_rows(metrics: EvalMetrics, benchmarks: list[dict[str, Any]]) -> li
     and sampled, with n-gram's beside them."""
     k = metrics.headline.k
     licenses_by_name = {b["name"]: b.get("license") for b in benchmarks}
-    sets = {
+    sets: dict[str, Sequence[Figures]] = {
         "heldout": metrics.runs,
         **{f"{name} ({licenses_by_name.get(name)})": entry.results for name, entry in metrics.benchmarks.items()},
     }
@@ -196,7 +197,7 @@ def render(
         draft_runs=draft_runs,
         measured_with=measured_with(metrics.environment),
         benchmark_rows=benchmark_rows(metrics, benchmarks),
-        context_rows=metrics.greedy_run("eagle3", metrics.headline.k).all_sets_by_context,
+        context_rows=metrics.headline_run().all_sets_by_context,
         benchmarks=[
             {
                 **item,

@@ -28,7 +28,7 @@ _CREDENTIAL_KEYS = re.compile(
 )
 
 
-def redact(value: Any, root: Path) -> Any:
+def redact(value: object, root: Path) -> Any:
     """A copy of a JSON-like value with absolute paths made relative to `root` or reduced to <local>/name,
     and URLs stripped of user info, query and fragment."""
     if isinstance(value, dict):

@@ -20,8 +20,8 @@ from eagle3.errors import Eagle3Error
 DEFAULT_PORTS = {"s3": 443, "ssh": 22, "http": 80, "https": 443}
 
 
-def _endpoint(url: str, config: dict) -> tuple[str, int] | None:
-    """Host and port a remote's traffic goes to; None for a local directory."""
+def _endpoint(url: str, config: dict[str, Any]) -> tuple[str | None, int] | None:
+    """Host (None where the URL names none) and port a remote's traffic goes to; None for a local directory."""
     parts = urlsplit(url)
     if parts.scheme in ("", "file", "local"):
         return None

@@ -18,13 +18,18 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import disk_full_message, is_disk_full
 from eagle3.progress import console, progress
 from eagle3.publish.dvc_graph import covers, load_pipeline, norm_path
+
+if TYPE_CHECKING:
+    from dvc_data.hashfile.db import HashFileDB
 
 _CHUNK = 8 << 20
 
@@ -81,8 +86,9 @@ class Store:
             self.repo = Repo(str(root))
         except DvcException as exc:
             raise Eagle3Error(f"{root} is not a DVC project ({exc}); run eagle3 repair in the project") from None
-        self.cache = self.repo.cache.local
-        self.remote_name, self.remote = None, None
+        self.cache: HashFileDB = self.repo.cache.local
+        self.remote_name: str | None = None
+        self.remote: HashFileDB | None = None
         if use_remote:
             remotes = self.repo.config.get("remote", {})
             name = remote or self.repo.config["core"].get("remote")
@@ -103,10 +109,17 @@ class Store:
     def cache_path(self, md5: str) -> Path:
         return Path(self.cache.oid_to_path(md5))
 
+    def _checked_remote(self) -> "HashFileDB":
+        """The remote being checked; only asked for where there is one (not under --no-remote)."""
+        if self.remote is None:
+            raise RuntimeError("no remote is being checked (--no-remote)")
+        return self.remote
+
     def remote_md5(self, md5: str) -> str | None:
-        path = self.remote.oid_to_path(md5)
+        remote = self._checked_remote()
+        path = remote.oid_to_path(md5)
         try:
-            with self.remote.fs.open(path, "rb") as handle:
+            with remote.fs.open(path, "rb") as handle:
                 return _md5(handle)
         except FileNotFoundError:
             return None
@@ -145,16 +158,18 @@ class Store:
         self._into_cache(md5, lambda partial: shutil.copyfile(source, partial))
 
     def fetch_into_cache(self, md5: str) -> None:
-        self._into_cache(md5, lambda partial: self.remote.fs.get_file(self.remote.oid_to_path(md5), str(partial)))
+        remote = self._checked_remote()
+        self._into_cache(md5, lambda partial: remote.fs.get_file(remote.oid_to_path(md5), str(partial)))
 
     def put_in_remote(self, source: Path, md5: str) -> None:
-        self.remote.fs.put_file(str(source), self.remote.oid_to_path(md5))
+        remote = self._checked_remote()
+        remote.fs.put_file(str(source), remote.oid_to_path(md5))
 
     def check_out(self, md5: str, path: Path) -> None:
         """The cache object at `path`, linked as the project's cache.type says (in its order), else copied."""
         path.parent.mkdir(parents=True, exist_ok=True)
         types = self.repo.config["cache"].get("type") or ["reflink", "copy"]
-        link = {"hardlink": os.link, "symlink": os.symlink}
+        link: dict[str, Callable[[Path, Path], object]] = {"hardlink": os.link, "symlink": os.symlink}
         for kind in [types] if isinstance(types, str) else types:
             try:
                 link.get(kind, shutil.copyfile)(self.cache_path(md5), path)

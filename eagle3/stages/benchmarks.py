@@ -66,7 +66,8 @@ def _asked_as_user(*texts: str) -> list[dict[str, str]]:
 def build_set(benchmark: BenchmarkSet, root: Path, training: set[str]) -> dict[str, Any]:
     field = f"benchmarks.sets[{benchmark.name}]"
     records, source = _read_records(benchmark, root, field)
-    prompts, contaminated = [], []
+    prompts: list[dict[str, Any]] = []
+    contaminated: list[str | None] = []
     for line, record in enumerate(records, start=1):
         where = f"{field}: record {line} of {source.get('member') or source.get('path') or source.get('dataset')}"
         try:
@@ -76,7 +77,7 @@ def build_set(benchmark: BenchmarkSet, root: Path, training: set[str]) -> dict[s
                 f"{where}: {exc} (format {benchmark.format}: {FORMATS[benchmark.format].fields}); fix {field}.format "
                 "or the file"
             ) from None
-        prompt = {
+        prompt: dict[str, Any] = {
             "id": _field(record, benchmark.id_field, str(line), where),
             "category": _field(record, benchmark.category_field, None, where),
             "turns": turns,

@@ -31,19 +31,20 @@ probe set of long held-out histories (eagle3/chat/long_context.py), and every ru
 sets by prompt tokens.
 """
 
+import argparse
 import hashlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from eagle3.chat.evaluation_sets import PromptSet, prompt_sets
 from eagle3.chat.long_context import long_context_probes
 from eagle3.chat.reasoning import render
 from eagle3.chat.sequence_plan import load_tokenizer
 from eagle3.engines.acceptance import run_record, summarize, units_by_category, units_by_set
-from eagle3.engines.measurers import EngineMeasurer, ServerMeasurer, measured_dtype, mla_in_vllm
+from eagle3.engines.measurers import EngineMeasurer, Measurer, ServerMeasurer, measured_dtype, mla_in_vllm
 from eagle3.engines.offline_estimate import offline_estimate
 from eagle3.engines.turn_by_turn import ask_turn_by_turn
 from eagle3.environment import capture
@@ -151,7 +152,15 @@ class _NotKept(Exception):
     pass
 
 
-def _measured(item: KeptItem, measurer_for, config, method, k, conversations, answers) -> list[dict[str, Any]]:
+def _measured(
+    item: KeptItem,
+    measurer_for: Callable[[], Measurer],
+    config: EvaluateParams,
+    method: str,
+    k: int | None,
+    conversations: list[dict[str, Any]],
+    answers: list[list[str]] | None,
+) -> list[dict[str, Any]]:
     """The configuration's outcomes: its kept batches where it is done, else measured (keeping each batch)."""
     temperatures = config.temperatures(k)
     if item.done is not None:
@@ -209,7 +218,7 @@ def exported_draft_sha256(root: Path) -> str:
     )
 
 
-def selected_items(options: Any, names: Iterable[str]) -> set[str] | None:
+def selected_items(options: argparse.Namespace | None, names: Iterable[str]) -> set[str] | None:
     """`evaluate --only`'s items, each one these params measure; None: all of them."""
     only = set(getattr(options, "only", None) or []) or None
     unknown = sorted((only or set()) - set(names) - {OFFLINE_ESTIMATE})
@@ -238,9 +247,9 @@ def run(params: Params, root: Path, options=None) -> None:
     started = time.monotonic()
     # First, while no server holds the GPU where the runbook runs it alone.
     offline = _offline(root, config, kept, provenance, draft) if only is None or OFFLINE_ESTIMATE in only else None
-    measurer = None
+    measurer: Measurer | None = None
 
-    def measurer_for():
+    def measurer_for() -> Measurer:
         nonlocal measurer
         if measurer is None:
             if config.backend == "servers":
@@ -278,7 +287,10 @@ def run(params: Params, root: Path, options=None) -> None:
         outcomes = _measured(item, measurer_for, config, method, k, conversations, answers)
         if method == "none":
             answers = _answers(conversations, outcomes[0]["completions"])
-        measured.append((method, k, outcomes, item.done))
+        record = item.done
+        if record is None:  # _measured keeps the record of what it measured
+            raise RuntimeError(f"evaluate: {name} has no record of its measurement")
+        measured.append((method, k, outcomes, record))
     if only is not None:
         status(
             f"evaluate: kept {', '.join(sorted(only))} in {EVALUATION_KEPT_DIR}; the stage's next run (`dvc repro "
@@ -296,7 +308,7 @@ def _kept_reference(item: KeptItem, config: EvaluateParams, conversations) -> li
     return outcomes[0]["completions"]
 
 
-def _no_measurer():
+def _no_measurer() -> NoReturn:
     raise AssertionError("a kept reference is never measured again here")
 
 

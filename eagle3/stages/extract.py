@@ -55,7 +55,7 @@ from eagle3.formats.extracted_parts import PartDone, is_done, read_done, write_d
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, checked_verifier_dir, read_provenance
 from eagle3.formats.shards import VERSION, ShardMeta, ShardWriter, shard_name, write_index
 from eagle3.formats.storage import STORAGES
-from eagle3.formats.synthetic import read_part
+from eagle3.formats.synthetic import SyntheticRecord, read_part
 from eagle3.hashing import sha256_file
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.extract import ExtractParams
@@ -214,7 +214,7 @@ def planned_parts(
 
 def plan_part(
     part: Part,
-    records: Iterable[dict[str, Any]],
+    records: Iterable[SyntheticRecord],
     tokenizer: "PreTrainedTokenizerBase",
     config: ExtractParams,
     meta: ShardMeta,
@@ -333,7 +333,7 @@ def _write_index_and_metrics(
         counts.update(record.counts)
     totals = write_index(out, meta, shards)
     per_token = raw_bytes_per_token(meta)
-    metrics = {
+    metrics: dict[str, Any] = {
         "samples": totals["samples"],
         "tokens": totals["tokens"],
         "loss_tokens": totals["loss_tokens"],

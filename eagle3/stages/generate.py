@@ -59,7 +59,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
     config = params.generate
     ranks = Slice.from_options(options)
     provenance = read_provenance(root)
-    rows = {split: read_rows(root, split) for split in config.splits}
+    rows: dict[str, list[dict[str, Any]]] = {split: read_rows(root, split) for split in config.splits}
     out = root / SYNTHETIC_DIR
     tensor_parallel = config.vllm.tensor_parallel_size if config.backend == "vllm" else None
     dtype = compute_dtype(config)
@@ -86,7 +86,7 @@ def run(params: Params, root: Path, options: argparse.Namespace | None = None) -
         "verifier": provenance.name,
         "backend": config.backend,
     }
-    stats = Counter()
+    stats: Counter[str] = Counter()
     elapsed = 0.0
     if todo:
         status(f"generate: {len(todo)} parts to make with the {config.backend} backend ({done_before} already done)")
@@ -233,15 +233,18 @@ def _write_metrics(
 
 
 def _backend(config: GenerateParams, provenance: Provenance, root: Path, dtype: str | None) -> GenerationBackend:
-    if config.backend == "vllm":
-        from eagle3.engines.generation.vllm_offline import VllmBackend
-
-        return VllmBackend(config, checked_verifier_dir(root), provenance, dtype)
+    """`dtype`: compute_dtype's, None only for the servers (openai), which compute in their own."""
     if config.backend == "openai":
         from eagle3.chat.reasoning import template_renders_reasoning
         from eagle3.engines.generation.openai_servers import OpenAIBackend
 
         return OpenAIBackend(config, template_renders_reasoning(verifier_dir(root), provenance.trust_remote_code))
+    if dtype is None:
+        raise ValueError(f"generate.backend {config.backend} computes here: it needs a compute dtype")
+    if config.backend == "vllm":
+        from eagle3.engines.generation.vllm_offline import VllmBackend
+
+        return VllmBackend(config, checked_verifier_dir(root), provenance, dtype)
     from eagle3.engines.generation.hf_transformers import TransformersBackend
 
     return TransformersBackend(config, checked_verifier_dir(root), provenance, dtype)

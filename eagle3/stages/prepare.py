@@ -176,9 +176,9 @@ def _apply_caps(config: PrepareParams, ordered: list[dict[str, Any]]) -> tuple[l
     per_input: Counter = Counter()
     per_source: Counter = Counter()
     capped: Counter = Counter()
-    kept = []
+    kept: list[dict[str, Any]] = []
     for row in ordered:
-        if input_caps[row["origin"]] is not None and per_input[row["origin"]] >= input_caps[row["origin"]]:
+        if (cap := input_caps[row["origin"]]) is not None and per_input[row["origin"]] >= cap:
             capped["input_max_rows"] += 1
         elif config.max_rows_per_source is not None and per_source[row["source"]] >= config.max_rows_per_source:
             capped["max_rows_per_source"] += 1

@@ -21,14 +21,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
 from eagle3.formats.checkpoints import (
-    CheckpointedOptimizer,
     CheckpointState,
     checkpoint_bytes,
     latest_checkpoint,
@@ -60,9 +59,12 @@ from eagle3.training.objective import (
     train_step,
     training_precision,
 )
-from eagle3.training.optimizers import make_optimizer
+from eagle3.training.optimizers import DraftOptimizer, make_optimizer
 from eagle3.training.stored import StoredData
 from eagle3.training.streamed import StreamedData
+
+if TYPE_CHECKING:
+    from dvclive import Live
 
 # Runs on the GPUs where there are any: refused where nvidia-smi lists GPUs that torch cannot see (eagle3/runner.py).
 USES_GPUS = True
@@ -151,7 +153,7 @@ class TrainingRun:
     draft: Eagle3Draft
     objective: Objective
     model: torch.nn.Module
-    optimizer: CheckpointedOptimizer
+    optimizer: DraftOptimizer
     plan: BatchPlan
     precision: str
     run_key: str
@@ -212,19 +214,19 @@ def set_up(
         if world.main:
             status(f"train: resuming from {checkpoint.name} ({plan.start} of {plan.total} optimizer steps done)")
     return TrainingRun(
-        config,
-        world,
-        draft_config,
-        draft,
-        objective,
-        model,
-        optimizer,
-        plan,
-        precision,
-        run_key(settings),
-        out,
+        config=config,
+        world=world,
+        draft_config=draft_config,
+        draft=draft,
+        objective=objective,
+        model=model,
+        optimizer=optimizer,
+        plan=plan,
+        precision=precision,
+        run_key=run_key(settings),
+        out=out,
         # The optimizer steps up to each checkpoint it names were taken in this environment.
-        EnvironmentLog(out, {**environment, "device": world.device.type}),
+        environment_log=EnvironmentLog(out, {**environment, "device": world.device.type}),
         fresh=checkpoint is None,
     )
 
@@ -238,7 +240,7 @@ def start_batches(run: TrainingRun, data: TrainingData) -> Iterator[dict[str, to
     return data.batches(run.plan, run.config, collate)
 
 
-def train_loop(run: TrainingRun, batches: Iterator[dict[str, torch.Tensor]], live: Any) -> tuple[int, float]:
+def train_loop(run: TrainingRun, batches: Iterator[dict[str, torch.Tensor]], live: "Live | None") -> tuple[int, float]:
     """Every optimizer step from the plan's start: log every log_every (to `live` on rank 0), checkpoint every
     checkpoint_every and at the end. Returns the padded tokens trained on and the seconds it took."""
     config, world, plan, total = run.config, run.world, run.plan, run.optimizer_steps
@@ -292,7 +294,7 @@ def check_batch_size(config: TrainParams, processes: int, sequences: int) -> Non
         raise Eagle3Error(f"train.batch_size: {config.batch_size} exceeds the {sequences} training sequences")
 
 
-def summarize(live: Any, run: TrainingRun, tokens: int, elapsed: float, data: TrainingData) -> None:
+def summarize(live: "Live", run: TrainingRun, tokens: int, elapsed: float, data: TrainingData) -> None:
     """The run's summary in metrics/train/metrics.json, and on the console (rank 0)."""
     live.summary["tokens_per_s_this_run"] = round(tokens / elapsed, 1) if elapsed > 0 else None
     live.summary["total_steps"] = run.optimizer_steps

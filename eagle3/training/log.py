@@ -4,17 +4,19 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from eagle3.paths import TRAIN_LOG_DIR
 
 if TYPE_CHECKING:
+    from dvclive import Live
+
     from eagle3.training.distributed import Dist
 
 
-def open_log(root: Path, resume_step: int | None):
+def open_log(root: Path, resume_step: int | None) -> "Live":
     """DVCLive over metrics/train; on resume, rows logged after the checkpoint are dropped first, so a resumed run's
     curves equal an uninterrupted run's."""
     from dvclive import Live
@@ -84,7 +86,7 @@ class Window:
             self.optimizer_steps += 1
         self.pending, self.pending_counts, self.pending_tokens = [], [], []
 
-    def log(self, live: Any, done: int, lr: float) -> None:
+    def log(self, live: "Live", done: int, lr: float) -> None:
         live.step = done
         live.log_metric("train/loss", round(self.objective / max(self.optimizer_steps, 1), 6))
         live.log_metric("train/lr", lr)

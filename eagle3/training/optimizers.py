@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from eagle3.formats.checkpoints import CheckpointedOptimizer
 from eagle3.params.train import TrainParams
 
 # Per-parameter state each optimizer keeps, by the name a checkpoint stores it under (eagle3/formats/checkpoints.py):
@@ -75,14 +76,14 @@ def make_optimizer(draft: nn.Module, config: TrainParams) -> "DraftOptimizer":
     return DraftOptimizer(muon, rest)
 
 
-class _States(Mapping):
+class _States(Mapping[torch.Tensor, dict[str, torch.Tensor]]):
     """The per-parameter state of every optimizer in one mapping; `states[param]` is the owner's own dict, so what
     a checkpoint loads into it is what that optimizer steps with."""
 
     def __init__(self, optimizer: "DraftOptimizer"):
         self.optimizer = optimizer
 
-    def __getitem__(self, param: torch.Tensor) -> dict:
+    def __getitem__(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.optimizer.owner(param).state[param]
 
     def get(self, param: torch.Tensor, default: Any = None) -> Any:
@@ -96,7 +97,7 @@ class _States(Mapping):
         return sum(len(o.state) for o in self.optimizer.optimizers)
 
 
-class DraftOptimizer:
+class DraftOptimizer(CheckpointedOptimizer):
     """One or two torch optimizers (the module docstring), each owning some of the parameters, stepped together."""
 
     def __init__(self, *optimizers: torch.optim.Optimizer):

@@ -36,7 +36,8 @@ class SoftCrossEntropy(torch.autograd.Function):
         # A frozen head (train.freeze_lm_head) needs no gradient: one matmul per chunk less.
         head_grad = ctx.needs_input_grad[3]
         grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if head_grad else None
-        sums, correct = [], []
+        step_sums: list[torch.Tensor] = []
+        step_corrects: list[torch.Tensor] = []
         start = 0
         for step, size in enumerate(sizes):
             step_sum = torch.zeros((), dtype=torch.float32, device=features.device)
@@ -57,10 +58,10 @@ class SoftCrossEntropy(torch.autograd.Function):
                 grad_x = grad_logits @ head.to(x.dtype)
                 grad_features[first:end], grad_step_norm = rms_norm_backward(grad_x, features[first:end], norm, inverse)
                 grad_norm += grad_step_norm.mul_(scales[step])
-            sums.append(step_sum)
-            correct.append(step_correct)
+            step_sums.append(step_sum)
+            step_corrects.append(step_correct)
             start += size
-        sums, correct = torch.stack(sums), torch.stack(correct)
+        sums, correct = torch.stack(step_sums), torch.stack(step_corrects)
         ctx.save_for_backward(grad_features, grad_norm, grad_head, scales)
         ctx.sizes, ctx.dtypes = sizes, (norm.dtype, head.dtype)
         ctx.mark_non_differentiable(sums, correct)

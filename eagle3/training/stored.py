@@ -18,6 +18,7 @@ from eagle3.training.data import (
     SCALE_SAMPLES,
     BatchPlan,
     Collate,
+    TrainingData,
     data_workers,
     loader_batches,
     measure_aux_scale,
@@ -25,7 +26,7 @@ from eagle3.training.data import (
 from eagle3.training.distributed import Dist
 
 
-class StoredData:
+class StoredData(TrainingData):
     def __init__(self, root: Path, provenance: Provenance, world: Dist):
         index = read_index(root)
         self.layer_ids = tuple(index["layer_ids"])

@@ -44,7 +44,7 @@ from eagle3.params.train import TrainParams
 from eagle3.paths import STREAM_DIR, SYNTHETIC_MANIFEST
 from eagle3.precision import engine_device_type
 from eagle3.progress import progress
-from eagle3.training.data import SCALE_SAMPLES, BatchPlan, Collate, measure_aux_scale
+from eagle3.training.data import SCALE_SAMPLES, BatchPlan, Collate, TrainingData, measure_aux_scale
 from eagle3.training.distributed import Dist
 from eagle3.training.state_spool import ENGINE_SCRATCH, Producer, StateSpool, share_bytes
 
@@ -136,7 +136,7 @@ def check_streamable(extract: ExtractParams) -> None:
         )
 
 
-class StreamedData:
+class StreamedData(TrainingData):
     """The training split of a streamed run: its token layout, what its states are computed with, and (rank 0)
     the capture engine, opened on first use so a rerun that finds training finished never loads the verifier."""
 
@@ -153,7 +153,9 @@ class StreamedData:
         return len(self.store)
 
     @classmethod
-    def open(cls, root: Path, extract: ExtractParams, config: TrainParams, provenance: Provenance, world: Dist):
+    def open(
+        cls, root: Path, extract: ExtractParams, config: TrainParams, provenance: Provenance, world: Dist
+    ) -> "StreamedData":
         check_streamable(extract)
         if config.launch.nodes > 1 and config.stream_dir is None:
             raise Eagle3Error(

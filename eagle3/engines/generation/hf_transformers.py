@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eagle3.chat.reasoning import opens_reasoning, render, split_opened_reasoning
+from eagle3.chat.reasoning import decode, opens_reasoning, render, split_opened_reasoning
 from eagle3.engines.generation.base import Chunk, Skip, TurnRequest, TurnResult, drive_batched
 from eagle3.formats.provenance import Provenance
 from eagle3.params.generate import GenerateParams
@@ -70,7 +70,7 @@ class TransformersBackend:
                 stop = next((i for i, token in enumerate(new) if token in self.stop_ids), None)
                 stopped = stop is not None
                 new = new[:stop] if stopped else new
-                content, reasoning = self.tokenizer.decode(new, skip_special_tokens=True), None
+                content, reasoning = decode(self.tokenizer, new), None
                 if opens_reasoning(prompt):
                     content, reasoning = split_opened_reasoning(self.tokenizer, new, content)
                 results.append(

@@ -33,12 +33,14 @@ _PROBE_QUESTION = "What is 17 times 23? Think it through step by step, then give
 class OpenAIBackend:
     def __init__(self, config: GenerateParams, reasoning_model: bool):
         """`reasoning_model`: the verifier's chat template renders reasoning (`template_renders_reasoning`)."""
-        self.config = config
-        check = config.openai.reasoning_check
+        if config.openai is None:  # GenerateParams refuses backend openai without it
+            raise Eagle3Error("generate.backend openai needs an `openai:` block with base_urls and model")
+        self.config, self.openai = config, config.openai
+        check = self.openai.reasoning_check
         self.check_reasoning = check == "require" or (check == "auto" and reasoning_model)
-        self.servers = [str(url).rstrip("/") for url in config.openai.base_urls]
+        self.servers = [str(url).rstrip("/") for url in self.openai.base_urls]
         self._rotation = itertools.cycle(range(len(self.servers)))
-        self.headers = auth_headers(config.openai.api_key_env, "generate.openai.api_key_env")
+        self.headers = auth_headers(self.openai.api_key_env, "generate.openai.api_key_env")
 
     def process(self, chunks: Iterable[Chunk], on_done: Callable[[Chunk], None]) -> None:
         asyncio.run(self._process(iter(chunks), on_done))
@@ -58,7 +60,7 @@ class OpenAIBackend:
         while any conversation is unstarted, however slow a few of them are. A part is handed to `on_done` (and
         written) when its last conversation finishes, in whatever order parts finish; each worker holds at most one
         part open, so at most `concurrency` + 1 parts are in memory."""
-        servers = self.config.openai
+        servers = self.openai
         unstarted = _conversations(chunks)
         remaining: dict[tuple[str, int], int] = {}
 
@@ -108,7 +110,7 @@ class OpenAIBackend:
     async def _complete(
         self, client: httpx.AsyncClient, request: TurnRequest, only_url: str | None = None
     ) -> TurnResult | Skip:
-        config, servers, sampling = self.config, self.config.openai, self.config.sampling
+        config, servers, sampling = self.config, self.openai, self.config.sampling
         body = {
             **servers.extra_body,
             "model": servers.model,

@@ -81,7 +81,10 @@ class VllmBackend:
                     prompt_tokens=len(output.prompt_token_ids),
                     completion_tokens=len(completion.token_ids),
                 )
-        return results
+        finished = [result for result in results if result is not None]
+        if len(finished) != len(requests):  # each request is skipped or run, and vLLM answers every one it runs
+            raise RuntimeError(f"{len(requests) - len(finished)} of {len(requests)} requests got no result")
+        return finished
 
     def environment(self) -> dict[str, Any]:
         return {"backend": "vllm"}

@@ -20,7 +20,9 @@ def part_batches(shards: list[list[Sequence]], batch_tokens: int, padded: bool) 
     plan order across shard boundaries, `batch_tokens` real tokens each, so the engine is filled however small the
     shards and one batch's states wait."""
     if not padded:
-        batches, current, tokens, position = [], [], 0, 0
+        batches: list[list[int]] = []
+        current: list[int] = []
+        tokens, position = 0, 0
         for shard in shards:
             for sequence in shard:
                 if current and tokens + len(sequence.input_ids) > batch_tokens:
@@ -46,7 +48,9 @@ def length_sorted_batches(sequences: list[Sequence], batch_tokens: int) -> list[
 
 def cut_batches(sequences: list[Sequence], order: list[int], batch_tokens: int) -> list[list[int]]:
     """Positions in `order`, cut into consecutive batches whose padded size (count x longest) fits `batch_tokens`."""
-    batches, current, longest = [], [], 0
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
     for position in order:
         length = len(sequences[position].input_ids)
         if current and (len(current) + 1) * max(longest, length) > batch_tokens:

@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
     ExampleHiddenStatesConnector,
+    ExampleHiddenStatesConnectorMetadata,
     PendingSave,
     cleanup_hidden_states,
     extract_from_kv_cache,
@@ -76,9 +77,12 @@ class Eagle3HiddenStatesConnector(ExampleHiddenStatesConnector):
             return
         if not self._is_tp_rank_zero:
             return
+        kv_cache = self._kv_cache
+        if kv_cache is None:  # register_kv_caches sets it before the engine's first step
+            raise RuntimeError("the hidden-states connector has no KV cache registered")
         blocks = torch.tensor(pending.block_ids, dtype=torch.long)
         slots = (blocks[:, None] * self._block_size + torch.arange(self._block_size)).flatten()
-        hidden = extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device), pending.token_ids.shape[0])
+        hidden = extract_from_kv_cache(kv_cache, slots.to(kv_cache.device), pending.token_ids.shape[0])
         with atomic_path(Path(pending.filename)) as partial:
             save_file(
                 {"hidden_states": hidden.cpu().contiguous(), "token_ids": pending.token_ids.clone()}, str(partial)
@@ -89,7 +93,10 @@ class Eagle3HiddenStatesConnector(ExampleHiddenStatesConnector):
         if not self._synchronous:
             return super().get_finished(finished_req_ids)
         if self.has_connector_metadata():
-            for pending in self._get_connector_metadata().pending_saves:
+            metadata = self._get_connector_metadata()
+            if not isinstance(metadata, ExampleHiddenStatesConnectorMetadata):
+                raise TypeError(f"the hidden-states connector was handed {type(metadata).__name__}")
+            for pending in metadata.pending_saves:
                 self._submit_async_write(pending)
         self._finished |= finished_req_ids
         done = self._finished & self._written
