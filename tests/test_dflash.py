@@ -99,3 +99,86 @@ def test_every_anchor_s_block_side_by_side_is_what_it_is_alone():
         changed = aux.clone()
         changed[:, 12:] += 5.0
         assert torch.allclose(draft(ids, changed, anchors[:, :1], embed), together[:, :1], atol=1e-5)
+
+
+def _batch(tokens: int = 60, rows: int = 2):
+    generator = torch.Generator().manual_seed(5)
+    loss_mask = torch.zeros(rows, tokens, dtype=torch.bool)
+    loss_mask[:, tokens // 3 :] = True  # an answer after a prompt
+    return {
+        "input_ids": torch.randint(0, 99, (rows, tokens), generator=generator),
+        "loss_mask": loss_mask,
+        "aux": torch.randn(rows, tokens, 3 * 64, generator=generator),
+        "final": torch.randn(rows, tokens, 64, generator=generator),
+    }
+
+
+def test_anchors_are_answer_positions_spread_over_the_answer_and_a_function_of_the_batch():
+    from eagle3.training.dflash_objective import anchor_positions
+
+    batch = _batch()
+    anchors, real = anchor_positions(batch, 8)
+    assert real.all()
+    # The token after each anchor is an answer token, and anchors spread over the whole answer (positions 19..58).
+    assert bool(batch["loss_mask"].gather(1, anchors + 1).all())
+    assert (anchors >= 19).all() and (anchors <= 58).all() and int(anchors.max() - anchors.min()) >= 30
+    again, _ = anchor_positions({k: v.clone() for k, v in batch.items()}, 8)
+    assert torch.equal(anchors, again)
+    # More anchors than answer positions: each one once, the rest padding that is not real.
+    many, real = anchor_positions(batch, 64)
+    assert int(real.sum(1)[0]) == 40 and len(set(many[0, real[0]].tolist())) == 40
+
+
+def test_the_objective_is_the_plain_soft_cross_entropy_of_every_block_slot():
+    """DFlashObjective's fused loss against the plain one: every real anchor's slot i >= 1 scored by soft
+    cross-entropy against the verifier's distribution at p+i-1, weighted decay**(i-1), each slot averaged over its
+    counted positions; the same loss and gradients."""
+    from eagle3.training.dflash_objective import DFlashObjective, anchor_positions
+    from eagle3.training.distributed import Dist
+    from eagle3.training.objective import train_step
+
+    draft, embed = _draft(layers=2, size=4)
+    draft.train()
+    vocab, draft_vocab = 100, 50
+    head = torch.randn(draft_vocab, 64, generator=torch.Generator().manual_seed(6))
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:draft_vocab] = True  # the draft vocab: tokens 0..49
+    objective = DFlashObjective(draft, embed=embed.weight, draft_lm_head=head, t2d=t2d, anchors=6, decay=0.7)
+    batch = _batch()
+
+    probs, top1 = objective.distribution(batch)
+    masks = objective.counted(batch)
+    counts = torch.stack([m.sum() for m in masks]).float()
+    loss, sums, correct = objective(batch, probs, top1, masks, counts, 1)
+    grads = torch.autograd.grad(loss, list(draft.parameters()))
+
+    anchors, real = anchor_positions(batch, 6)
+    features = draft(batch["input_ids"], batch["aux"], anchors, objective.embed)
+    plain = 0.0
+    for slot in range(1, 4):
+        terms = []
+        for row in range(2):
+            for n in range(6):
+                p = int(anchors[row, n])
+                target = p + slot
+                if not (
+                    real[row, n]
+                    and target < 60
+                    and batch["loss_mask"][row, target]
+                    and t2d[batch["input_ids"][row, target]]
+                ):
+                    continue
+                log_q = torch.log_softmax(draft.logits(features[row, n, slot]).float(), -1)
+                terms.append(-(probs[row, target - 1] * log_q).sum())
+        assert len(terms) == int(masks[slot - 1].sum()) > 0
+        plain = plain + 0.7 ** (slot - 1) * torch.stack(terms).sum() / len(terms)
+    torch.testing.assert_close(loss, plain, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, torch.autograd.grad(plain, list(draft.parameters())), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+    # One optimizer step through the trainer's own train_step learns the fixed batch.
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-2)
+    first = float(train_step(objective, objective, optimizer, [batch], Dist(), 1.0, "float32").loss)
+    for _ in range(10):
+        last = float(train_step(objective, objective, optimizer, [batch], Dist(), 1.0, "float32").loss)
+    assert last < 0.8 * first, (first, last)
