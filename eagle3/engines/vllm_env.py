@@ -151,7 +151,7 @@ def repair_dflash_context_norm() -> bool:
         normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self._rms_norm_eps)
         return (normed * self._k_norm_weights.float()[:, None, None, :]).to(all_k.dtype)
 
-    DFlashQwen3Model._normalize_context_k = normalize_per_layer
+    DFlashQwen3Model._normalize_context_k = normalize_per_layer  # type: ignore[method-assign]  # the repair itself
     return True
 
 

@@ -128,6 +128,7 @@ def check_dflash(draft_dir: Path, verifier_dir: Path) -> list[str]:
         problems.append("tie_word_embeddings must be false: the draft has a head of its own")
     if problems:
         return problems
+    assert isinstance(aux, list) and isinstance(mask, int)  # the checks above returned otherwise
     shaped = DFlashConfig(
         hidden_size=config["hidden_size"],
         num_attention_heads=config["num_attention_heads"],

@@ -272,6 +272,7 @@ class DFlashDraft(nn.Module):
         h = embed(ids.reshape(batch, count * size)).to(context.dtype)
         cos, sin = self.rotary(h, positions)
         for layer in self.layers:
+            assert isinstance(layer, DFlashLayer)
             context_kv = layer.self_attn.keys_values(context, cos_c, sin_c)
             h = layer(h, cos, sin, context_kv, anchors)
         return h.reshape(batch, count, size, -1)

@@ -163,6 +163,30 @@ class Link:
     source: str
 
 
+REMOTE_DOWN_ASSUMED = (
+    "the rented machine's speed to the DVC remote is assumed to be the link's: it prices A's `dvc pull` of the hidden "
+    "states, and so A against B; give --remote-down-gbit (the provider's figure, or a `dvc pull` timed on a machine "
+    "of that provider)"
+)
+
+
+def remote_speeds(args: argparse.Namespace, link: "Link") -> tuple[tuple[float, str], tuple[float, str]]:
+    """(Gbit/s, source) here -> the DVC remote and the rented machine <-> it: each as given, else the link as
+    reached (its measurement to a remote, for the upload, where --link-from-remote made one)."""
+    reached = link.gbit * link.efficiency
+    up = (
+        (args.remote_up_gbit, "--remote-up-gbit")
+        if args.remote_up_gbit is not None
+        else (reached, link.source if args.link_from_remote else "assumed: the link")
+    )
+    down = (
+        (args.remote_down_gbit, "--remote-down-gbit")
+        if args.remote_down_gbit is not None
+        else (reached, "assumed: the link (--remote-down-gbit)")
+    )
+    return up, down
+
+
 def probe_link(args: argparse.Namespace, root: Path) -> Link:
     """--link-gbit x --link-efficiency, or with --link-from-remote an upload to that remote, measured."""
     if not args.link_from_remote:
@@ -384,17 +408,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         "cache_link": cache.source,
         "link": link.source,
     }
-    reached = link.gbit * link.efficiency
-    remote_up, sources["remote_up"] = (
-        (args.remote_up_gbit, "--remote-up-gbit")
-        if args.remote_up_gbit is not None
-        else (reached, link.source if args.link_from_remote else "assumed: the link")
-    )
-    remote_down, sources["remote_down"] = (
-        (args.remote_down_gbit, "--remote-down-gbit")
-        if args.remote_down_gbit is not None
-        else (reached, "assumed: the link (--remote-down-gbit)")
-    )
+    (remote_up, sources["remote_up"]), (remote_down, sources["remote_down"]) = remote_speeds(args, link)
     sha256_rate = sha256_bytes_per_s()
     sources["hash"] = (
         f"sha256 at {sha256_rate / 1e6:,.0f} MB/s a thread (measured here), {HASH_THREADS} threads, at most the disk's "
@@ -456,15 +470,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         server_start_s=args.server_start_min * 60 if args.server_start_min is not None else None,
         warnings=there_preflight.warnings
         + here_preflight.warnings
-        + (
-            []
-            if args.remote_down_gbit is not None
-            else [
-                "the rented machine's speed to the DVC remote is assumed to be the link's: it prices A's `dvc pull` "
-                "of the hidden states, and so A against B; give --remote-down-gbit (the provider's figure, or a "
-                "`dvc pull` timed on a machine of that provider)"
-            ]
-        )
+        + ([] if args.remote_down_gbit is not None else [REMOTE_DOWN_ASSUMED])
         + collect_warnings(
             verifier,
             measured,
