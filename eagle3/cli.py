@@ -138,7 +138,7 @@ def validate_draft(args: argparse.Namespace, root: Path) -> None:
 
 def check(args: argparse.Namespace, root: Path) -> None:
     from eagle3.params.params_file import check_against_verifier, check_license_gate, load_params
-    from eagle3.plan.memory import check_evaluate_memory, check_gpu_memory
+    from eagle3.plan.gpu_fit import check_evaluate_memory, check_gpu_memory
 
     params = load_params(args.params)
     notes = check_against_verifier(params, args.params)

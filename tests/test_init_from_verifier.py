@@ -12,7 +12,8 @@ import yaml
 from single_machine import VERIFIERS, build
 
 from eagle3.errors import Eagle3Error
-from eagle3.init.from_verifier import params_for, read_verifier
+from eagle3.init.from_verifier import params_for
+from eagle3.init.verifier_files import read_verifier
 from eagle3.params.params_file import load_params
 
 from conftest import REPO, eagle3

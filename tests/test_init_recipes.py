@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from eagle3.init.files import CONFIGS_DIR, recipe, recipes, shipped
-from eagle3.init.from_verifier import _thinking_switch, template_switch
 from eagle3.init.recipes import render_recipe, stale
+from eagle3.init.verifier_files import _thinking_switch, template_switch
 from eagle3.params.params_file import load_params
 
 from conftest import eagle3

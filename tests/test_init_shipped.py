@@ -181,7 +181,7 @@ def test_evaluate_engines_on_a_gpu_hold_the_verifier_in_the_dtype_they_compute_i
     doubles it past 0.3 x 80 GB, refused before any stage runs, naming the keys; auto (bf16) fits."""
     import json
 
-    from eagle3.plan.memory import check_evaluate_memory
+    from eagle3.plan.gpu_fit import check_evaluate_memory
 
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["train"]["launch"] = {**params["train"].get("launch", {}), "gpu": "h100"}

@@ -1,4 +1,4 @@
-"""Layout C: the verifier's share of each GPU holds its capture engine's step (eagle3/plan/memory.py), and the
+"""Layout C: the verifier's share of each GPU holds its capture engine's step (eagle3/plan/gpu_fit.py), and the
 streamed capture's engine is started with a step of one sequence (eagle3/engines/hidden_states/vllm_capture.py)."""
 
 from types import SimpleNamespace
@@ -8,7 +8,7 @@ import pytest
 from eagle3.engines.hidden_states.base import CaptureRequest
 from eagle3.params.extract import ExtractParams
 from eagle3.plan.facts import GB, KIMI_K2_5_TEXT_CONFIG
-from eagle3.plan.memory import kv_bytes_per_token, verifier_share, verifier_workspace_bytes
+from eagle3.plan.gpu_fit import kv_bytes_per_token, verifier_share, verifier_workspace_bytes
 
 KIMI_WEIGHTS = 600 * GB
 # The Kimi-K2.5 configuration: aux layers (2, 30, 58) and the final layer; 20,480-token sequences.

@@ -26,7 +26,8 @@ def render_recipe(
 ) -> str:
     """The params text of recipe `name`, sized for `gpus` x `gpu`, with thinking and a license override as given
     (each default: the recipe's own)."""
-    from eagle3.init.from_verifier import params_for, read_verifier
+    from eagle3.init.from_verifier import params_for
+    from eagle3.init.verifier_files import read_verifier
 
     chosen = recipe(name)
     verifier = read_verifier(chosen.files, chosen.hub_id, None)

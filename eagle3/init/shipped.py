@@ -6,7 +6,7 @@ The shipped configurations are eagle3/configs/NAME.yaml, complete params files w
 eagle3/init/recipes.py's). The layouts are `eagle3 plan`'s: A extracts the hidden states here and ships them, B
 ships the text and extracts on the rented machine, C ships the text and streams the states there. A and B train on
 stored states with the same params; C is the file with LAYOUT_KEYS["C"] set, and the verifier's share of each GPU
-beside the trainers sized for --gpu (side by side where both fit, else in phases: eagle3/plan/memory.py).
+beside the trainers sized for --gpu (side by side where both fit, else in phases: eagle3/plan/gpu_fit.py).
 --gpu also records the rented GPU kind (train.launch.gpu), which `eagle3 check` and `eagle3 plan` hold the run to;
 --draft-repo the Hub repository the model card names. Each key set gets its reason as a comment. The file is
 rewritten with its comments kept (ruamel.yaml's round trip) and validated before anything is written; an
@@ -76,7 +76,7 @@ def _set(mapping, key: str, value: Any, reason: str, after: str | None = None) -
 
 def _refuse_unloadable(document, gpu: str) -> None:
     """Every layout serves the verifier on the rented machine: refuse a GPU kind whose machine cannot load it."""
-    from eagle3.plan.memory import verifier_fit_problem
+    from eagle3.plan.gpu_fit import verifier_fit_problem
 
     name = document["verifier"]["source"]["name"]
     preset = _preset(name)
@@ -98,7 +98,8 @@ def _size_streaming(document, gpu: str) -> None:
     """Layout C on `gpu`: the verifier's share of each GPU, and phases where it and the trainer do not fit at once."""
     from eagle3.params.train import TrainParams, draft_settings
     from eagle3.plan.facts import Machine
-    from eagle3.plan.memory import compute_train_memory, estimate, streamed_fit, verifier_share
+    from eagle3.plan.gpu_fit import streamed_fit, verifier_share
+    from eagle3.plan.memory import compute_train_memory, estimate
     from eagle3.training.data import tokens_per_process
 
     name = document["verifier"]["source"]["name"]
@@ -193,6 +194,7 @@ def _text(args: argparse.Namespace) -> tuple[str, str, str]:
     """The params text, what it was made from (for errors and the summary) and the file validation names."""
     from eagle3.init import from_verifier as init_verifier
     from eagle3.init.recipes import render_recipe
+    from eagle3.init.verifier_files import read_verifier
 
     if (args.name is None) == (args.verifier is None):
         raise Eagle3Error(f"give a shipped configuration ({shipped_names()}) or --verifier DIR, not both")
@@ -238,7 +240,7 @@ def _text(args: argparse.Namespace) -> tuple[str, str, str]:
         raise Eagle3Error("--verifier: --layout single (every stage on one GPU machine) is what it sizes")
     if args.gpu is None:
         raise Eagle3Error("--verifier: give --gpu (one of " + ", ".join(GPUS) + "): the sizes follow its memory")
-    verifier = init_verifier.read_verifier(args.verifier, args.name_override, args.license_id)
+    verifier = read_verifier(args.verifier, args.name_override, args.license_id)
     thinking = None if args.thinking is None else args.thinking == "on"
     text = init_verifier.params_for(
         verifier, args.gpu, args.gpus or 1, thinking, args.trust_remote_code, args.license_override

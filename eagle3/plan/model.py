@@ -126,7 +126,8 @@ from eagle3.plan.facts import (
     size,
     weights_fit,
 )
-from eagle3.plan.memory import StreamedFit, TrainMemory, compute_train_memory, streamed_fit, verifier_share
+from eagle3.plan.gpu_fit import StreamedFit, streamed_fit, verifier_share
+from eagle3.plan.memory import TrainMemory, compute_train_memory
 from eagle3.preflight.gpu_check import total_limit_s
 from eagle3.preflight.items import BUDGETS_S as PREFLIGHT_BUDGETS_S
 

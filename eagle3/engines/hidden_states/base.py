@@ -55,7 +55,7 @@ class CaptureRequest:
     sleep_mode: bool = False
     # The vllm engine's step budget in tokens; None: extract's, max(max_seq_len + 1, batch_tokens). Streamed training
     # caps it at one sequence (max_seq_len + 1), so the verifier's share of each GPU holds its step (the captured
-    # states of a step are kept three times: eagle3/plan/memory.py).
+    # states of a step are kept three times: eagle3/plan/gpu_fit.py).
     step_tokens: int | None = None
 
 
