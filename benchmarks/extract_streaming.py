@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagle3.engines.hidden_states.hf_capture import HfHiddenStates  # noqa: E402
+from eagle3.environment import EnvironmentLog  # noqa: E402
 from eagle3.files import read_json  # noqa: E402
 from eagle3.formats.provenance import read_provenance, verifier_dir  # noqa: E402
 from eagle3.formats.synthetic import read_part  # noqa: E402
@@ -29,12 +30,12 @@ from eagle3.params.params_file import load_params  # noqa: E402
 from eagle3.paths import SYNTHETIC_MANIFEST  # noqa: E402
 from eagle3.precision import engine_device_type, resolve  # noqa: E402
 from eagle3.stages.extract import (  # noqa: E402
-    Extracted,
-    _write_shards,
+    ShardSink,
     plan_part,
     planned_parts,
     shard_meta,
     synthetic_parts,
+    write_shards,
 )
 
 
@@ -70,22 +71,24 @@ def main() -> None:
     warm = plan_part(parts[0], read_part(parts[0].path)[:2], tokenizer, config, meta)
     backend.forward(warm.shards[0].sequences)  # first-call allocations and kernel selection are not measured
 
-    def plan_first(out: Path, timed: FirstForward, extracted: Extracted) -> None:
+    def plan_first(timed: FirstForward, sink: ShardSink) -> None:
         plans = [plan_part(part, read_part(part.path), tokenizer, config, meta) for part in parts]
         for plan in plans:
-            _write_shards(timed, out, plan, plan.shards, meta, config, lambda shard: None, extracted)
+            write_shards(timed, sink, plan, plan.shards)
 
-    def streaming(out: Path, timed: FirstForward, extracted: Extracted) -> None:
+    def streaming(timed: FirstForward, sink: ShardSink) -> None:
         for plan in planned_parts(parts, tokenizer, config, meta):
-            _write_shards(timed, out, plan, plan.shards, meta, config, lambda shard: None, extracted)
+            write_shards(timed, sink, plan, plan.shards)
 
     results, digests = {}, {}
     for label, run in (("plan first", plan_first), ("streaming", streaming)):
         with tempfile.TemporaryDirectory(dir=args.root / "data") as scratch:
-            timed, extracted = FirstForward(backend), Extracted()
+            timed = FirstForward(backend)
+            sink = ShardSink(Path(scratch), meta, config, EnvironmentLog(Path(scratch), {}))
+            extracted = sink.extracted
             tracemalloc.start()
             start = time.perf_counter()
-            run(Path(scratch), timed, extracted)
+            run(timed, sink)
             seconds = time.perf_counter() - start
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()

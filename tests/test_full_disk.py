@@ -44,9 +44,10 @@ def test_a_shard_that_does_not_fit_is_one_line_and_leaves_no_file(small_disk):
 
 def test_a_checkpoint_that_does_not_fit_is_one_line_and_leaves_none(small_disk):
     from eagle3.formats.checkpoints import CheckpointState, save_checkpoint
+    from eagle3.training.optimizers import DraftOptimizer
 
     model = torch.nn.Linear(256, 256)  # 263 KB of fp32 weights, more with AdamW's state
-    optimizer = torch.optim.AdamW(model.parameters())
+    optimizer = DraftOptimizer(torch.optim.AdamW(model.parameters()))
     model(torch.ones(1, 256)).sum().backward()
     optimizer.step()
     with pytest.raises(Eagle3Error) as caught:

@@ -7,9 +7,9 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from test_remotes import _env, _run
+from test_remotes_probe import _env
 
-from conftest import REPO
+from conftest import REPO, run_in
 
 PAGE = REPO / "docs" / "remotes.md"
 
@@ -34,23 +34,23 @@ def test_the_remotes_page_runs_as_written(tmp_path):
     env = _env(tmp_path / "home")
     root = tmp_path / "project"
     root.mkdir()
-    _run(root, env, "git", "init", "-q")
-    _run(root, env, "dvc", "init", "-q")
+    run_in(root, "git", "init", "-q", env=env)
+    run_in(root, "dvc", "init", "-q", env=env)
     commands = _dvc_commands()
     assert [" ".join(c[:3]) for c in commands if c[1] == "remote" and c[2] == "add"] == ["dvc remote add"] * 3
     for words in commands:
-        _run(root, env, *words)
+        run_in(root, *words, env=env)
     # The page's advice in prose, on every remote it added.
     names = [c[-2] for c in commands if c[1:3] == ["remote", "add"]]
     for name in names:
-        _run(root, env, "dvc", "remote", "modify", name, "verify", "true")
-    listed = _run(root, env, "dvc", "remote", "list").stdout.split()
+        run_in(root, "dvc", "remote", "modify", name, "verify", "true", env=env)
+    listed = run_in(root, "dvc", "remote", "list", env=env).stdout.split()
     assert listed[::2][:3] == names == ["nas", "store", "gpu"] and listed[-1] == "(default)"
     committed, local = _config(root / ".dvc" / "config"), _config(root / ".dvc" / "config.local")
     assert "AKIA" not in committed and "keyfile" not in committed and "secret_access_key" not in committed
     assert "access_key_id = AKIA..." in local and "keyfile = ~/.ssh/id_ed25519" in local
     assert "endpointurl = https://minio.example.com:9000" in committed
-    listing = set(_run(root, env, "dvc", "config", "--list").stdout.split())
+    listing = set(run_in(root, "dvc", "config", "--list", env=env).stdout.split())
     assert {f"remote.{name}.verify=true" for name in names} | {"cache.type=hardlink,symlink"} <= listing
     ignored = subprocess.run(["git", "check-ignore", ".dvc/config.local"], cwd=root, env=env)
     assert ignored.returncode == 0
