@@ -141,7 +141,7 @@ def test_the_page_s_blocks_and_its_rehearsal_table_agree():
 def test_the_page_runs_each_layout_end_to_end(rehearsals, layout):
     run = rehearsals[layout]
     here, there = run["here"], run["there"]
-    ran_stages(here.output_of("dvc repro verifier"), here.root, {"verifier"})
+    ran_stages(here.output_of("eagle3 server stop verifier"), here.root, {"verifier"})
     ran_stages(here.output_of("eagle3 server start verifier"), here.root, HERE_STAGES - {"verifier"})
     if layout == "A":
         ran_stages(here.output_of("dvc repro extract"), here.root, {"extract"})
