@@ -47,7 +47,7 @@ TOOLS: dict[str, Tool] = {
         "validate the params file and print it fully resolved (defaults filled in)", None, "eagle3.cli:check"
     ),
     "validate-draft": Tool(
-        "check a draft directory against vLLM's EAGLE-3 contract and its verifier",
+        "check a draft directory against vLLM's EAGLE-3 or DFlash contract and its verifier",
         "eagle3.cli:validate_draft_arguments",
         "eagle3.cli:validate_draft",
         params=False,
@@ -130,8 +130,13 @@ def validate_draft_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def validate_draft(args: argparse.Namespace, root: Path) -> None:
+    from eagle3.formats.exported_dflash import is_dflash, validate_dflash
     from eagle3.formats.exported_draft import validate_draft as validate
 
+    if is_dflash(args.draft):
+        validate_dflash(args.draft, args.verifier)
+        print(f"{args.draft}: valid DFlash draft for {args.verifier}")
+        return
     validate(args.draft, args.verifier)
     print(f"{args.draft}: valid EAGLE-3 draft for {args.verifier}")
 

@@ -284,6 +284,18 @@ def draft_params(**train) -> dict:
     return params
 
 
+def training_prompts(root: Path, count: int) -> list[list[dict]]:
+    """The first `count` training conversations' messages before their first answer."""
+    from eagle3.formats.synthetic import iter_records
+
+    prompts = []
+    for record in iter_records(root, "train"):
+        if record["status"] == "ok":
+            first_answer = next(i for i, m in enumerate(record["messages"]) if m["role"] == "assistant")
+            prompts.append([{"role": m["role"], "content": m["content"]} for m in record["messages"][:first_answer]])
+    return prompts[:count]
+
+
 @pytest.fixture(scope="session")
 def extracted_real(vllm_generated, tmp_path_factory) -> Path:
     """The real verifier's answers, extracted, with the draft vocab built."""

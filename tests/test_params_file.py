@@ -175,6 +175,24 @@ INVALID = [
         "params.yaml: train.sharding: must be one of 'ddp' or 'fsdp', got 'zero3'",
     ),
     (lambda p: _drop(p, "verifier.source.kind"), "params.yaml: verifier.source: required key 'kind' is missing"),
+    (
+        lambda p: _set(_set(p, "train.draft_method", "dflash"), "train.draft_layer", "mla"),
+        "params.yaml: train: draft_layer: a dflash draft's layers are Qwen3 attention (train.dflash); draft_layer mla "
+        "is the eagle3 method's; set draft_layer llama or draft_method eagle3",
+    ),
+    (
+        lambda p: _set(_set(p, "train.draft_method", "dflash"), "train.activation_checkpointing", "mlp"),
+        "params.yaml: train: activation_checkpointing: recomputation is built for the eagle3 method's unrolled steps; "
+        "set it off with draft_method dflash (its memory grows with train.dflash.anchors instead)",
+    ),
+    (
+        lambda p: _set(p, "train.dflash", {"block_size": 1}),
+        "params.yaml: train.dflash.block_size: must be >= 2, got 1",
+    ),
+    (
+        lambda p: _set(p, "train.draft_method", "medusa"),
+        "params.yaml: train.draft_method: must be one of 'eagle3' or 'dflash', got 'medusa'",
+    ),
     # Non-finite floats, seeds and thread counts beyond what the libraries take, numbers YAML reads as strings.
     (
         lambda p: _set(p, "train.learning_rate", float("inf")),

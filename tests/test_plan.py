@@ -737,3 +737,22 @@ def test_a_metrics_file_with_a_figure_no_run_measures_is_one_line(tmp_path):
         f"eagle3 plan: error: {tmp_path}/metrics/extract.json: not the extract stage's metrics (NaN is not a number a "
         "figure may be); rerun the extract stage or pass --compression-ratio"
     )
+
+
+def test_a_block_draft_is_sized_as_the_trainer_builds_it_and_its_memory_is_not_guessed():
+    """Kimi-K2.5's DFlash draft as published (6 layers, full vocabulary): the plan counts the trainer's draft, by the
+    hand count of its tensors, and says the memory estimate does not cover it rather than pricing an EAGLE-3 one."""
+    from eagle3.params.train import TrainParams, draft_settings
+    from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
+    from eagle3.plan.memory import NOT_PRICED, draft_figures, estimate
+
+    vocab, hidden, mlp = 163_840, 7_168, KIMI_K2_5_TEXT_CONFIG["intermediate_size"]
+    train = TrainParams(draft_method="dflash", dflash={"layers": 6, "block_size": 16})
+    figures = draft_figures(KIMI_K2_5_TEXT_CONFIG, vocab, draft_settings(train))
+    heads = hidden // 128  # an MLA verifier's block draft: heads of 128, as many KV heads
+    layer = 4 * hidden * heads * 128 + 2 * 128 + 2 * hidden + 3 * hidden * mlp
+    assert figures.parameters == 3 * hidden * hidden + hidden + 6 * layer + hidden + vocab * hidden
+    chain = draft_figures(KIMI_K2_5_TEXT_CONFIG, vocab, draft_settings(TrainParams()))
+    assert chain.parameters != figures.parameters
+    memory = estimate(KIMI_K2_5_TEXT_CONFIG, vocab, 7, 8, "ddp", draft_settings(train))
+    assert memory.lines is None and memory.source == NOT_PRICED

@@ -16,11 +16,19 @@ from eagle3.environment import read_environments
 from eagle3.formats.exported_draft import write_drafts
 from eagle3.formats.provenance import read_provenance
 from eagle3.formats.shards import HiddenStateDataset, ShardReader, split_shards
-from eagle3.formats.synthetic import iter_records
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
 from eagle3.precision import resolve
 
-from conftest import TRAIN_SMALL, copy_project, draft_params, eagle3, kill_mid_run, losses, write_params
+from conftest import (
+    TRAIN_SMALL,
+    copy_project,
+    draft_params,
+    eagle3,
+    kill_mid_run,
+    losses,
+    training_prompts,
+    write_params,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -72,8 +80,13 @@ def _final_state(root):
     return newest.name, load_file(newest / "model.safetensors"), load_file(newest / "optimizer.safetensors")
 
 
-def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path):
-    short = {"epochs": 2, "checkpoint_every": 2}
+# The block draft resumes through the same checkpoints: its objective's anchors are a function of the batch alone.
+BLOCK_DRAFT = {"draft_method": "dflash", "dflash": {"layers": 2, "block_size": 4, "anchors": 16}}
+
+
+@pytest.mark.parametrize("method", [{}, BLOCK_DRAFT], ids=["eagle3", "dflash"])
+def test_sigkill_then_rerun_ends_at_the_same_weights(extracted_real, tmp_path, method):
+    short = {"epochs": 2, "checkpoint_every": 2, **method}
     reference = copy_project(extracted_real, tmp_path / "reference", draft_params(**short))
     eagle3(reference, "train")
     killed = copy_project(extracted_real, tmp_path / "killed", draft_params(**short))
@@ -164,15 +177,6 @@ def test_two_processes_match_one_and_resume_across_process_counts(extracted_real
     same_curve(returned)
 
 
-def _prompts(root, count):
-    prompts = []
-    for record in iter_records(root, "train"):
-        if record["status"] == "ok":
-            first_answer = next(i for i, m in enumerate(record["messages"]) if m["role"] == "assistant")
-            prompts.append([{"role": m["role"], "content": m["content"]} for m in record["messages"][:first_answer]])
-    return prompts[:count]
-
-
 def _untrained_draft(root, directory):
     trained_config = json.loads((root / "models/draft/config.json").read_text())
     tensors = load_file(root / "data/vocab/vocab.safetensors")
@@ -199,7 +203,7 @@ def _untrained_draft(root, directory):
 
 
 def test_vllm_serves_the_draft_losslessly_and_training_makes_it_accepted(trained, tmp_path):
-    prompts = _prompts(trained, 16)
+    prompts = training_prompts(trained, 16)
     engine = Engine(
         verifier=str(trained / "models/verifier"), max_model_len=512, cpu_kvcache_space_gib=1, dtype="float32"
     )

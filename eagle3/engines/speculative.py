@@ -52,15 +52,15 @@ class Engine:
 
 @dataclass(frozen=True)
 class Speculation:
-    method: str  # "eagle3" | "ngram"
+    method: str  # "eagle3" | "dflash" | "ngram"
     num_speculative_tokens: int
-    model: str | None = None  # the draft directory (eagle3)
+    model: str | None = None  # the draft directory (eagle3, dflash)
     prompt_lookup_min: int | None = None  # ngram; None keeps vLLM's default
     prompt_lookup_max: int | None = None
 
     def vllm_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
-        if self.method == "eagle3":
+        if self.method in ("eagle3", "dflash"):
             config["model"] = self.model
         for key in ("prompt_lookup_min", "prompt_lookup_max"):
             if getattr(self, key) is not None:

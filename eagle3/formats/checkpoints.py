@@ -5,7 +5,8 @@
         model.safetensors       the draft's state_dict (fp32; `aux_scale` included, vLLM names)
         optimizer.safetensors   the optimizer's state (eagle3/training/optimizers.py), one tensor per
                                 "<parameter name>::<state key>" (AdamW's step as [1])
-        state.json              {step, total_steps, run_key, draft_config}
+        state.json              {step, total_steps, run_key, and draft_config (an EAGLE-3 draft) or
+                                dflash_config (a DFlash block draft)}
 
 A checkpoint directory is written as `.step-NNNNNNN.partial` and renamed once complete, so one with the final
 name is always whole. It holds whole tensors whatever the number of processes and train.sharding: under fsdp
@@ -26,14 +27,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from eagle3.errors import Eagle3Error, field_problem
 from eagle3.files import atomic_path, space_for, write_json
 from eagle3.formats.tensor_files import matching_tensors
+from eagle3.modeling.dflash import DFlashConfig
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.modeling.drafts import AnyDraft, AnyDraftConfig, draft_for, method_of
 
 
 class CheckpointedOptimizer(Protocol):
@@ -74,7 +77,26 @@ class CheckpointState(BaseModel):
     step: int = Field(ge=1)
     total_steps: int = Field(ge=1)
     run_key: str
-    draft_config: DraftConfig
+    draft_config: DraftConfig | None = None
+    dflash_config: DFlashConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_draft(self) -> "CheckpointState":
+        if (self.draft_config is None) == (self.dflash_config is None):
+            raise ValueError("draft_config: exactly one of draft_config and dflash_config describes the draft")
+        return self
+
+    @classmethod
+    def of(cls, config: AnyDraftConfig, step: int, total_steps: int, run_key: str) -> "CheckpointState":
+        if isinstance(config, DFlashConfig):
+            return cls(step=step, total_steps=total_steps, run_key=run_key, dflash_config=config)
+        return cls(step=step, total_steps=total_steps, run_key=run_key, draft_config=config)
+
+    @property
+    def config(self) -> AnyDraftConfig:
+        config = self.draft_config or self.dflash_config
+        assert config is not None  # _one_draft
+        return config
 
 
 def _fix(path: Path) -> str:
@@ -104,7 +126,7 @@ def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return value.to(param.device, copy=True)
 
 
-def checkpoint_bytes(draft: Eagle3Draft, optimizer: CheckpointedOptimizer) -> int:
+def checkpoint_bytes(draft: AnyDraft, optimizer: CheckpointedOptimizer) -> int:
     """The tensor bytes save_checkpoint writes for them once the optimizer has stepped: the draft's state_dict and
     the state each trained parameter's optimizer keeps (its state fields). Taken from the fields, not from the
     state itself, so it is the same before the first step as after, on every process (a sharded tensor counts
@@ -114,7 +136,7 @@ def checkpoint_bytes(draft: Eagle3Draft, optimizer: CheckpointedOptimizer) -> in
 
 
 def save_checkpoint(
-    out: Path, draft: Eagle3Draft, optimizer: CheckpointedOptimizer, state: CheckpointState, keep: int, write=True
+    out: Path, draft: AnyDraft, optimizer: CheckpointedOptimizer, state: CheckpointState, keep: int, write=True
 ) -> Path:
     """Every process calls it (sharded tensors are gathered); only where `write` is it written."""
     final = out / f"step-{state.step:07d}"
@@ -146,7 +168,7 @@ def read_state(path: Path) -> CheckpointState:
         raise Eagle3Error(f"{file}: unreadable ({exc.strerror}); {_fix(path)}") from None
     except ValidationError as exc:
         raise Eagle3Error(f"{file}: {field_problem(exc)}; {_fix(path)}") from None
-    problem = _out_of_range(state.draft_config)
+    problem = _out_of_range(state.config)
     if problem:
         raise Eagle3Error(f"{file}: {problem}; {_fix(path)}")
     if state.step > state.total_steps:
@@ -154,15 +176,17 @@ def read_state(path: Path) -> CheckpointState:
     return state
 
 
-def _out_of_range(config: DraftConfig) -> str | None:
-    """What in a draft_config no draft can have, if anything."""
-    for name in _SIZES:
+def _out_of_range(config: AnyDraftConfig) -> str | None:
+    """What in a draft's config no draft can have, if anything."""
+    key = "dflash_config" if isinstance(config, DFlashConfig) else "draft_config"
+    sizes = _SIZES + (("num_hidden_layers", "block_size") if isinstance(config, DFlashConfig) else ())
+    for name in sizes:
         if getattr(config, name) < 1:
-            return f"draft_config.{name} is {getattr(config, name)}, expected at least 1"
+            return f"{key}.{name} is {getattr(config, name)}, expected at least 1"
     if not config.aux_layer_ids or min(config.aux_layer_ids) < 0:
-        return f"draft_config.aux_layer_ids is {list(config.aux_layer_ids)}, expected layer ids >= 0"
+        return f"{key}.aux_layer_ids is {list(config.aux_layer_ids)}, expected layer ids >= 0"
     if not (math.isfinite(config.rms_norm_eps) and config.rms_norm_eps > 0):
-        return f"draft_config.rms_norm_eps is {config.rms_norm_eps}, expected a positive number"
+        return f"{key}.rms_norm_eps is {config.rms_norm_eps}, expected a positive number"
     return None
 
 
@@ -170,22 +194,18 @@ def _shapes(module: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.d
     return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in module.state_dict().items()}
 
 
-def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: CheckpointedOptimizer | None) -> CheckpointState:
+def load_checkpoint(path: Path, draft: AnyDraft, optimizer: CheckpointedOptimizer | None) -> CheckpointState:
     """Weights into `draft` and the optimizer's state into `optimizer`, on the device the draft is on now (sliced as its
     parameters are under fsdp: every process calls it)."""
     state = read_state(path)
-    # A switch without tensors of its own (norm_output, norm_before_residual) would otherwise load silently.
-    if state.draft_config.draft_layer != draft.config.draft_layer:
+    trained_method, method = method_of(state.config), method_of(draft.config)
+    if trained_method != method:
         raise Eagle3Error(
-            f"{path}: a {state.draft_config.draft_layer} draft layer, not train.draft_layer's "
-            f"{draft.config.draft_layer}; a run cannot change its layer: set it back, or delete {path.parent}"
+            f"{path}: a {trained_method} draft, not train.draft_method's {method}; a run cannot change its method: "
+            f"set it back, or delete {path.parent}"
         )
-    trained = state.draft_config.layout
-    if trained != draft.config.layout:
-        raise Eagle3Error(
-            f"{path}: trained with draft layout {trained.words()}, not train.draft_layout's "
-            f"{draft.config.layout.words()}; a run cannot change layout: set it back, or delete {path.parent}"
-        )
+    if isinstance(draft, Eagle3Draft):
+        _same_layer_and_layout(path, state, draft)
     current = draft.state_dict()
     tensors = matching_tensors(path / MODEL, _shapes(draft), _fix(path))
     draft.load_state_dict({name: _like(value, current[name]) for name, value in tensors.items()})
@@ -208,17 +228,33 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: CheckpointedOptim
     return state
 
 
-def load_draft(path: Path) -> tuple[Eagle3Draft, CheckpointState]:
+def _same_layer_and_layout(path: Path, state: CheckpointState, draft: Eagle3Draft) -> None:
+    # A switch without tensors of its own (norm_output, norm_before_residual) would otherwise load silently.
+    trained = state.draft_config
+    assert trained is not None  # the same method as the draft's
+    if trained.draft_layer != draft.config.draft_layer:
+        raise Eagle3Error(
+            f"{path}: a {trained.draft_layer} draft layer, not train.draft_layer's "
+            f"{draft.config.draft_layer}; a run cannot change its layer: set it back, or delete {path.parent}"
+        )
+    if trained.layout != draft.config.layout:
+        raise Eagle3Error(
+            f"{path}: trained with draft layout {trained.layout.words()}, not train.draft_layout's "
+            f"{draft.config.layout.words()}; a run cannot change layout: set it back, or delete {path.parent}"
+        )
+
+
+def load_draft(path: Path) -> tuple[AnyDraft, CheckpointState]:
     """The draft saved at a checkpoint (no optimizer), and its state.json."""
     state = read_state(path)
     try:
         with torch.device("meta"):
-            expected = _shapes(Eagle3Draft(state.draft_config))
+            expected = _shapes(draft_for(state.config))
     except (ValueError, TypeError, KeyError, RuntimeError) as exc:
         raise Eagle3Error(
             f"{path / STATE}: draft_config does not describe a draft ({str(exc).splitlines()[0]}); {_fix(path)}"
         ) from None
     tensors = matching_tensors(path / MODEL, expected, _fix(path))
-    draft = Eagle3Draft(state.draft_config)
+    draft = draft_for(state.config)
     draft.load_state_dict(tensors)
     return draft, state

@@ -182,12 +182,15 @@ ARCHITECTURES = {
     ),
 }
 SPECULATORS_README = "README.md"
-_NO_SPECULATORS_FORM = (
-    "# No speculators format for this draft\n\n"
-    "This draft's decoder layer is MLA (multi-head latent attention, `train.draft_layer: mla`). vLLM loads it from\n"
-    "the vLLM format in `models/draft/` (`Eagle3DeepseekV2ForCausalLM`); vLLM's speculators-format loader maps only\n"
-    "Llama and Qwen3 draft layers, so no speculators-format copy is written. Serve `models/draft/`.\n"
-)
+# Why a draft has no speculators-format copy, by what it is.
+_NO_SPECULATORS_FORM = {
+    "mla": "This draft's decoder layer is MLA (multi-head latent attention, `train.draft_layer: mla`). vLLM loads it\n"
+    "from the vLLM format in `models/draft/` (`Eagle3DeepseekV2ForCausalLM`); vLLM's speculators-format loader maps\n"
+    "only Llama and Qwen3 EAGLE-3 draft layers, so no speculators-format copy is written. Serve `models/draft/`.\n",
+    "dflash": "This draft is a DFlash block draft (`train.draft_method: dflash`). vLLM loads it from `models/draft/`\n"
+    "(`DFlashDraftModel`, `method: dflash`); vLLM's speculators-format loader reads EAGLE-3 drafts only, so no\n"
+    "speculators-format copy is written. Serve `models/draft/`.\n",
+}
 
 
 def vllm_config(config: DraftConfig, dtype: str) -> dict[str, Any]:
@@ -267,11 +270,7 @@ def write_drafts(
     tensors = {**draft.export_state(DTYPES[dtype]), "d2t": d2t.to(torch.int64), "t2d": t2d.to(torch.bool)}
     _write(vllm_dir, vllm_config(draft.config, dtype), tensors)
     if not has_speculators_form(draft.config):
-        # A speculators draft left from an earlier export would be served as this one.
-        for stale in (CONFIG, WEIGHTS):
-            (speculators_dir / stale).unlink(missing_ok=True)
-        speculators_dir.mkdir(parents=True, exist_ok=True)
-        (speculators_dir / SPECULATORS_README).write_text(_NO_SPECULATORS_FORM)
+        no_speculators_form(speculators_dir, "mla")
         return
     (speculators_dir / SPECULATORS_README).unlink(missing_ok=True)
     renamed = {name.replace("midlayer.", "layers.0.", 1): tensor for name, tensor in tensors.items()}
@@ -281,6 +280,17 @@ def write_drafts(
 
 def has_speculators_form(config: DraftConfig) -> bool:
     return config.draft_layer == "llama"
+
+
+def no_speculators_form(speculators_dir: Path, why: str) -> None:
+    """The speculators directory of a draft that has no such form: only the README saying `why` (a key of
+    _NO_SPECULATORS_FORM)."""
+    # A speculators draft left from an earlier export would be served as this one.
+    for stale in (CONFIG, WEIGHTS):
+        (speculators_dir / stale).unlink(missing_ok=True)
+    speculators_dir.mkdir(parents=True, exist_ok=True)
+    title = "# No speculators format for this draft\n\n"
+    (speculators_dir / SPECULATORS_README).write_text(title + _NO_SPECULATORS_FORM[why])
 
 
 def _write(directory: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:

@@ -37,6 +37,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config, uses_mla
 from eagle3.modeling.norms import RMSNorm
 from eagle3.modeling.rope import MLA_VERIFIER_DRAFT_THETA, ROPE_KEYS
+from eagle3.params.train import TrainParams
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,27 @@ class DFlashConfig:
     block_size: int
     mask_token_id: int
     rope: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_training(
+        cls,
+        verifier_config: dict[str, Any],
+        aux_layer_ids: tuple[int, ...],
+        draft_vocab_size: int,
+        train: TrainParams,
+        mask_token_id: int,
+    ) -> "DFlashConfig":
+        """The block draft the train stage trains for this verifier (train.dflash, train.intermediate_size), with
+        the mask token already chosen (train.dflash.mask_token_id, or eagle3/chat/mask_token.py's)."""
+        return cls.from_verifier(
+            verifier_config,
+            aux_layer_ids,
+            draft_vocab_size,
+            layers=train.dflash.layers,
+            block_size=train.dflash.block_size,
+            mask_token_id=mask_token_id,
+            intermediate_size=train.intermediate_size,
+        )
 
     @classmethod
     def from_verifier(
@@ -83,6 +105,11 @@ class DFlashConfig:
                 kv_heads = text.get("num_key_value_heads") or heads
                 head_dim = text.get("head_dim") or hidden // heads
                 rope = {key: text[key] for key in ROPE_KEYS if text.get(key) is not None}
+            if not 0 <= mask_token_id < text["vocab_size"]:
+                raise Eagle3Error(
+                    f"train.dflash.mask_token_id: {mask_token_id} is not a token of the verifier's vocabulary "
+                    f"(0..{text['vocab_size'] - 1}); set another, or null to take an unused special token"
+                )
             return cls(
                 hidden_size=hidden,
                 num_attention_heads=heads,

@@ -88,9 +88,18 @@ class Params(Section):
     def warnings(self) -> list[str]:
         """Settings a user may want but that usually mean a mistake, one line each naming the keys."""
         found = []
-        depth = self.train.ttt_steps
         served = {"export.num_speculative_tokens": self.export.num_speculative_tokens}
         served["evaluate.headline_k"] = self.evaluate.headline_k
+        if self.train.draft_method == "dflash":
+            block = self.train.dflash.block_size
+            for key, k in served.items():
+                if k != block - 1:
+                    found.append(
+                        f"{key} is {k} but train.dflash.block_size {block} proposes {block - 1} tokens per verifier "
+                        f"step: vLLM serves a block draft as trained only at num_speculative_tokens {block - 1}"
+                    )
+            return found
+        depth = self.train.ttt_steps
         for key, k in served.items():
             if k > depth:
                 found.append(

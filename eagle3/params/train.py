@@ -22,6 +22,9 @@ Optimizer = Literal["adamw", "muon"]
 # train.draft_layer: the draft's decoder layer (eagle3/modeling/draft.py): llama, grouped-query attention as vLLM's
 # llama_eagle3.py runs it; mla, multi-head latent attention as its deepseek_eagle3.py runs it.
 DraftLayer = Literal["llama", "mla"]
+# train.draft_method: eagle3, a chain draft (one draft forward per proposed token, vLLM's `eagle3` method); dflash, a
+# block draft (a whole block per forward, vLLM's `dflash` method: eagle3/modeling/dflash.py).
+DraftMethod = Literal["eagle3", "dflash"]
 if TYPE_CHECKING:
     GpuKind = str  # a Literal built from GPUS' keys at runtime, which a type checker cannot read
 else:
@@ -128,7 +131,34 @@ class DraftLayout(Section):
 EAGLE_3_1 = DraftLayout(fc_norm=True, norm_output=True)
 
 
+class DFlashParams(Section):
+    """The block draft (train.draft_method dflash; eagle3/modeling/dflash.py) and its objective
+    (eagle3/training/dflash_objective.py). Its layers are Qwen3 decoder layers shaped as the verifier's heads (an MLA
+    verifier's: heads of 128, as its EAGLE-3 draft), with train.intermediate_size's MLP."""
+
+    # Decoder layers: z-lab's published drafts use 5-8 (Kimi-K2.5's: 6).
+    layers: int = Field(1, gt=0, le=64)
+    # Tokens per block: the anchor token and block_size - 1 mask tokens, each slot proposing one token, so the draft
+    # proposes block_size - 1 tokens per verifier step (vLLM's num_speculative_tokens must be that).
+    block_size: int = Field(8, ge=2, le=64)
+    # Blocks trained per sequence, at anchors spread evenly over its answer positions: memory and compute grow as
+    # anchors x block_size x layers.
+    anchors: PositiveInt = 64
+    # Loss weight of block slot i (1..block_size - 1) is slot_weight**(i - 1): DFlash's exp(-(i - 1) / gamma) with
+    # gamma = -1 / ln(slot_weight) (0.8: gamma 4.5, the paper's choice for blocks of 8-10).
+    slot_weight: float = Field(0.8, gt=0, le=1)
+    # The token id filling the block's slots after the anchor; null: the verifier's highest special token that is none
+    # of bos, eos, pad and unk and that its chat template never writes (eagle3/chat/mask_token.py); export records it.
+    mask_token_id: NonNegativeInt | None = None
+
+
 class TrainParams(Section):
+    # eagle3: a chain draft, trained with training-time test (ttt_steps, step_weight, draft_layer, attention, mla,
+    # draft_layout); dflash: a block draft (train.dflash). Both train on the same hidden states with the same
+    # optimizer, batches, precision, sharding and checkpoints.
+    draft_method: DraftMethod = "eagle3"
+    # The block draft's shape and objective (draft_method dflash).
+    dflash: DFlashParams = DFlashParams()
     # Training-time test: the draft is unrolled on its own outputs this many steps, as vLLM runs it (SpecForge: 7).
     ttt_steps: int = Field(7, gt=0, le=MAX_TTT_STEPS)
     # Loss weight of unrolled step i is step_weight**i.
@@ -213,6 +243,16 @@ class TrainParams(Section):
                 "draft_layer: vLLM's MLA draft (deepseek_eagle3.py) has no norm_before_fc; use fc_norm, or draft_layer "
                 "llama"
             )
+        if self.draft_method == "dflash" and self.draft_layer != "llama":
+            raise ValueError(
+                "draft_layer: a dflash draft's layers are Qwen3 attention (train.dflash); draft_layer mla is the "
+                "eagle3 method's; set draft_layer llama or draft_method eagle3"
+            )
+        if self.draft_method == "dflash" and self.activation_checkpointing != "off":
+            raise ValueError(
+                "activation_checkpointing: recomputation is built for the eagle3 method's unrolled steps; set it off "
+                "with draft_method dflash (its memory grows with train.dflash.anchors instead)"
+            )
         if self.optimizer == "muon" and self.sharding == "fsdp":
             raise ValueError(
                 "optimizer: muon orthogonalises whole matrices, which fsdp splits over the processes; use sharding "
@@ -224,7 +264,17 @@ class TrainParams(Section):
 # The train settings that decide the draft and what training keeps of it: its shape (eagle3/modeling/draft.py
 # DraftConfig.for_training), the optimizer's state and whether the head trains. What the train stage, preflight and
 # the plan's figures (memory, checkpoints, the optimizer's step) all build it from.
-DRAFT_KEYS = ("intermediate_size", "draft_layer", "attention", "mla", "draft_layout", "optimizer", "freeze_lm_head")
+DRAFT_KEYS = (
+    "draft_method",
+    "dflash",
+    "intermediate_size",
+    "draft_layer",
+    "attention",
+    "mla",
+    "draft_layout",
+    "optimizer",
+    "freeze_lm_head",
+)
 
 
 def draft_settings(train: TrainParams) -> dict:

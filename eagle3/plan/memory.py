@@ -88,11 +88,13 @@ def _measure(
     shape: dict[str, Any],
     aux_layers: int | None,
 ) -> dict[str, MemoryLine]:
+    from eagle3.modeling.draft import DraftConfig
     from eagle3.params.train import TrainParams
     from eagle3.training.memory import Estimator, draft_config_for
 
     train = TrainParams.model_validate(shape)
     draft = draft_config_for(config, draft_vocab, train, aux_layers)
+    assert isinstance(draft, DraftConfig)  # estimate() prices EAGLE-3 drafts only
     estimator = Estimator(draft, ttt_steps, optimizer=train.optimizer, freeze_lm_head=train.freeze_lm_head)
     lines = {}
     for setting in RECOMPUTE:
@@ -111,7 +113,7 @@ def draft_figures(
     import torch
 
     from eagle3.formats.checkpoints import checkpoint_bytes
-    from eagle3.modeling.draft import Eagle3Draft
+    from eagle3.modeling.drafts import draft_for
     from eagle3.params.train import TrainParams
     from eagle3.training.memory import draft_config_for
     from eagle3.training.optimizers import make_optimizer, newton_schulz_flops
@@ -119,7 +121,7 @@ def draft_figures(
     train = TrainParams.model_validate(shape)
     try:
         with torch.device("meta"):
-            draft = Eagle3Draft(draft_config_for(config, draft_vocab, train, aux_layers))
+            draft = draft_for(draft_config_for(config, draft_vocab, train, aux_layers))
     except (KeyError, ValueError) as exc:  # transformers' own validation of the shape
         raise Eagle3Error(f"the verifier's config cannot shape the draft: {exc}") from None
     draft.lm_head.weight.requires_grad_(not train.freeze_lm_head)
@@ -146,6 +148,13 @@ def _cached(path: Path) -> dict[str, MemoryLine] | None:
         return None
 
 
+# The fake-tensor estimate steps the EAGLE-3 objective: the DFlash objective's anchors are picked per sequence
+# from the batch's values, which fake tensors do not have.
+NOT_PRICED = (
+    "not estimated: the memory estimate steps EAGLE-3 drafts only; a train.draft_method dflash draft is not priced yet"
+)
+
+
 def estimate(
     config: dict[str, Any],
     draft_vocab: int,
@@ -163,6 +172,8 @@ def estimate(
         f"eagle3/training/memory.py on fake tensors: {ttt_steps} TTT steps, bf16, batch 1, one of {processes} "
         f"processes ({sharding}), draft layout: {', '.join(draft_layout) or 'no extra norms'}" + _shape_words(shape)
     )
+    if shape.get("draft_method") == "dflash":
+        return MemoryEstimate(ttt_steps, processes, sharding, None, NOT_PRICED, draft_layout)
     key = (config, draft_vocab, ttt_steps, processes, sharding, shape, aux_layers)
     try:
         path = _cache_dir() / f"{_cache_key(*key)}.json"

@@ -52,6 +52,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.eval_metrics import EvalMetrics
 from eagle3.formats.evaluation_kept import OFFLINE_ESTIMATE, KeptEvaluation, KeptItem, item_name
+from eagle3.formats.exported_dflash import is_dflash
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
 from eagle3.formats.synthetic import generated_template_kwargs, iter_records
 from eagle3.hashing import sha256_bytes, sha256_file
@@ -230,8 +231,17 @@ def selected_items(options: argparse.Namespace | None, names: Iterable[str]) -> 
     return only
 
 
+def refuse_a_block_draft(root: Path) -> None:
+    if is_dflash(root / DRAFT_DIR):
+        raise Eagle3Error(
+            f"{DRAFT_DIR}: a DFlash block draft; evaluate measures EAGLE-3 drafts only so far. Serve it with vLLM's "
+            "`method: dflash` (docs/pipeline.md, export) or set train.draft_method eagle3"
+        )
+
+
 def run(params: Params, root: Path, options=None) -> None:
     config = params.evaluate
+    refuse_a_block_draft(root)
     provenance = read_provenance(root)
     draft = exported_draft_sha256(root)
     heldout, *benchmark_sets = prompt_sets(root, config)

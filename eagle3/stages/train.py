@@ -1,8 +1,10 @@
-"""Stage `train`: the EAGLE-3 draft, trained with training-time test on the extracted hidden states.
+"""Stage `train`: the draft, trained on the extracted hidden states: the EAGLE-3 chain draft with training-time test,
+or the DFlash block draft (`train.draft_method`).
 
-The objective and one optimizer step are eagle3/training/objective.py; which samples form each batch,
-eagle3/training/data.py; processes and devices, eagle3/training/distributed.py. This module is the run:
-set up (the draft, resumed from the newest checkpoint), loop (optimizer steps, logged and checkpointed), summary.
+The objectives and one optimizer step are eagle3/training/objective.py (DFlash's objective:
+eagle3/training/dflash_objective.py); which samples form each batch, eagle3/training/data.py; processes and
+devices, eagle3/training/distributed.py. This module is the run: set up (the draft, resumed from the newest
+checkpoint), loop (optimizer steps, logged and checkpointed), summary.
 
 Data (`train.hidden_states`, one TrainingData either way): stored, the training shards (DataLoader workers
 decompress in parallel: eagle3/training/stored.py); streamed, the verifier's states computed for each batch
@@ -25,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from eagle3.chat.mask_token import unused_special_token
+from eagle3.chat.sequence_plan import load_tokenizer
 from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
 from eagle3.formats.checkpoints import (
@@ -40,7 +44,8 @@ from eagle3.formats.hf_weights import load_verifier_tensors
 from eagle3.formats.provenance import Provenance, checked_verifier_dir, read_provenance, verifier_dir
 from eagle3.formats.vocab import VocabMaps, load_vocab
 from eagle3.hashing import sha256_file
-from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.modeling.draft import Eagle3Draft
+from eagle3.modeling.drafts import AnyDraft, AnyDraftConfig, training_config
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.extract import ExtractParams
 from eagle3.params.train import TrainParams
@@ -52,7 +57,7 @@ from eagle3.training.distributed import Dist, distribute, setup_distributed
 from eagle3.training.launch import launch, launcher_command
 from eagle3.training.log import Window, open_log
 from eagle3.training.objective import (
-    Objective,
+    TrainingObjective,
     init_draft,
     learning_rate,
     make_objective,
@@ -91,7 +96,7 @@ def run(params: Params, root: Path, options=None) -> None:
 def run_settings(
     root: Path,
     config: TrainParams,
-    draft_config: DraftConfig,
+    draft_config: AnyDraftConfig,
     provenance: Provenance,
     precision: str,
     data: TrainingData,
@@ -116,14 +121,16 @@ def open_training_data(root: Path, params: Params, provenance: Provenance, world
 
 def build(
     root: Path, params: Params, provenance: Provenance, world: Dist
-) -> tuple[DraftConfig, TrainingData, VocabMaps]:
+) -> tuple[AnyDraftConfig, TrainingData, VocabMaps]:
     """The draft's shape, the training data and the vocab maps."""
     config = params.train
     vocab = load_vocab(root, provenance.vocab_size)
     data = open_training_data(root, params, provenance, world)
-    draft_config = DraftConfig.for_training(
-        read_config(verifier_dir(root)), data.layer_ids[:-1], len(vocab.d2t), config
-    )
+    verifier_config, aux_layer_ids = read_config(verifier_dir(root)), data.layer_ids[:-1]
+    mask_token_id = config.dflash.mask_token_id
+    if config.draft_method == "dflash" and mask_token_id is None:
+        mask_token_id, _ = unused_special_token(load_tokenizer(root, provenance), provenance.vocab_size)
+    draft_config = training_config(verifier_config, aux_layer_ids, len(vocab.d2t), config, mask_token_id or 0)
     return draft_config, data, vocab
 
 
@@ -149,9 +156,9 @@ class TrainingRun:
 
     config: TrainParams
     world: Dist
-    draft_config: DraftConfig
-    draft: Eagle3Draft
-    objective: Objective
+    draft_config: AnyDraftConfig
+    draft: AnyDraft
+    objective: TrainingObjective
     model: torch.nn.Module
     optimizer: DraftOptimizer
     plan: BatchPlan
@@ -171,7 +178,7 @@ def set_up(
     root: Path,
     world: Dist,
     provenance: Provenance,
-    draft_config: DraftConfig,
+    draft_config: AnyDraftConfig,
     data: TrainingData,
     vocab: VocabMaps,
 ) -> TrainingRun | None:
@@ -235,7 +242,8 @@ def start_batches(run: TrainingRun, data: TrainingData) -> Iterator[dict[str, to
     """This process's micro-batches from the plan's start; a fresh draft first gets fc's input scale."""
     collate = Collate.for_draft(run.draft_config)
     scale = data.begin(run.plan, run.config, collate, run.fresh)
-    if scale is not None and not run.draft_config.layout.normalises_aux:  # the draft's doc says why
+    # The EAGLE-3 draft's doc says why; DFlash's fc output goes through hidden_norm, which removes any scale.
+    if scale is not None and isinstance(run.draft, Eagle3Draft) and not run.draft.config.layout.normalises_aux:
         run.draft.aux_scale.copy_(scale)
     return data.batches(run.plan, run.config, collate)
 
@@ -244,7 +252,7 @@ def train_loop(run: TrainingRun, batches: Iterator[dict[str, torch.Tensor]], liv
     """Every optimizer step from the plan's start: log every log_every (to `live` on rank 0), checkpoint every
     checkpoint_every and at the end. Returns the padded tokens trained on and the seconds it took."""
     config, world, plan, total = run.config, run.world, run.plan, run.optimizer_steps
-    window = Window(config.ttt_steps)
+    window = Window(run.objective.ttt_steps)
     started = time.monotonic()
     with progress() if world.main else Quiet() as bar:
         task = bar.add_task("train (optimizer steps)", total=total, completed=plan.start)
@@ -273,9 +281,7 @@ def train_loop(run: TrainingRun, batches: Iterator[dict[str, torch.Tensor]], liv
 
 def save(run: TrainingRun, done: int) -> None:
     """A checkpoint after `done` optimizer steps: every process takes part (sharded tensors are gathered)."""
-    state = CheckpointState(
-        step=done, total_steps=run.optimizer_steps, run_key=run.run_key, draft_config=run.draft_config
-    )
+    state = CheckpointState.of(run.draft_config, step=done, total_steps=run.optimizer_steps, run_key=run.run_key)
     saved = save_checkpoint(run.out, run.draft, run.optimizer, state, run.config.keep_checkpoints, write=run.world.main)
     if run.world.main:
         run.environment_log.made(saved.name)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from eagle3.errors import Eagle3Error
-from eagle3.modeling.draft import DraftConfig
+from eagle3.modeling.drafts import AnyDraftConfig
 from eagle3.params.train import TrainParams
 from eagle3.training.distributed import Dist
 
@@ -33,7 +33,7 @@ class Collate:
         self.layers, self.hidden = layers, hidden
 
     @classmethod
-    def for_draft(cls, config: DraftConfig) -> "Collate":
+    def for_draft(cls, config: AnyDraftConfig) -> "Collate":
         """The shards a draft trains on hold its aux layers plus the final one."""
         return cls(len(config.aux_layer_ids) + 1, config.hidden_size)
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from eagle3.modeling.dflash import DFlashDraft
-from eagle3.training.objective import FrozenEmbedding
+from eagle3.training.frozen_embedding import FrozenEmbedding
 from eagle3.training.soft_cross_entropy import soft_cross_entropy
 
 

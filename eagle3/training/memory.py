@@ -39,6 +39,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config
 from eagle3.formats.provenance import default_aux_layer_ids
 from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.modeling.drafts import AnyDraftConfig, training_config
 from eagle3.params.train import TrainParams
 from eagle3.training.distributed import Dist
 from eagle3.training.objective import Objective, train_step
@@ -283,7 +284,7 @@ class Estimator:
 
 def draft_config_for(
     verifier_config: dict[str, Any], draft_vocab: int, train: TrainParams | None = None, aux_layers: int | None = None
-) -> DraftConfig:
+) -> AnyDraftConfig:
     """The draft the train stage shapes for this verifier config with these train settings (the defaults: the
     attention and MLP derived from the verifier), on vLLM's default aux layers, or on `aux_layers` of them
     (extract.aux_layer_ids: only their number shapes the draft)."""
@@ -291,4 +292,4 @@ def draft_config_for(
     if not isinstance(layers, int):
         raise Eagle3Error("verifier config.json: missing 'num_hidden_layers', needed to shape the draft")
     aux_layer_ids = tuple(default_aux_layer_ids(layers)) if aux_layers is None else tuple(range(1, aux_layers + 1))
-    return DraftConfig.for_training(verifier_config, aux_layer_ids, draft_vocab, train or TrainParams())
+    return training_config(verifier_config, aux_layer_ids, draft_vocab, train or TrainParams())

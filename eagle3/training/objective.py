@@ -1,4 +1,6 @@
-"""What training optimises and one optimizer step of it, shared by the train stage and the benchmarks.
+"""What training optimises and one optimizer step of it, shared by the train stage and the benchmarks. The DFlash
+block draft's objective is eagle3/training/dflash_objective.py; `make_objective` picks the draft's, and `train_step`
+steps either.
 
 Objective (SpecForge's, on vLLM's inference path, eagle3/modeling/draft.py): the draft is unrolled `ttt_steps`
 times; at step i position t predicts token t+2+i (eagle3/modeling/ttt_alignment.py) and is scored by soft
@@ -19,30 +21,19 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from eagle3.formats.vocab import draft_to_target
-from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.modeling.draft import Eagle3Draft
+from eagle3.modeling.drafts import AnyDraft, AnyDraftConfig, draft_for
 from eagle3.modeling.ttt_alignment import shift_left, target_offset, verifier_offset
 from eagle3.params.train import TrainParams
 from eagle3.precision import resolve
+from eagle3.training.dflash_objective import DFlashObjective
 from eagle3.training.distributed import Dist, gradient_sync
+from eagle3.training.frozen_embedding import FrozenEmbedding
 from eagle3.training.soft_cross_entropy import soft_cross_entropy
-
-
-class FrozenEmbedding(nn.Module):
-    """The verifier's token embedding, held as a buffer."""
-
-    weight: torch.Tensor
-
-    def __init__(self, weight: torch.Tensor):
-        super().__init__()
-        self.register_buffer("weight", weight, persistent=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
 
 
 class Objective(nn.Module):
@@ -121,17 +112,32 @@ class Objective(nn.Module):
         return loss * world_size, sums, correct
 
 
+class TrainingObjective(Protocol):
+    """What one optimizer step (train_step) needs of an objective: this module's Objective (EAGLE-3) or
+    eagle3/training/dflash_objective.py's. `ttt_steps` is how many positions it scores per sample (TTT steps, or a
+    block's predicted slots): the per-position sums and counts have that length."""
+
+    ttt_steps: int
+
+    @property
+    def draft(self) -> nn.Module: ...
+
+    def distribution(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def counted(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]: ...
+
+
 def init_draft(
-    draft_config: DraftConfig,
+    draft_config: AnyDraftConfig,
     verifier: dict[str, torch.Tensor],
     d2t: torch.Tensor,
     seed: int,
     freeze_lm_head: bool = False,
-) -> Eagle3Draft:
+) -> AnyDraft:
     """A fresh draft, deterministic in `seed`, its lm_head started from the verifier's rows of the draft vocab (and
     kept there with `freeze_lm_head`: no gradient, no AdamW state)."""
     torch.manual_seed(seed)
-    draft = Eagle3Draft(draft_config)
+    draft = draft_for(draft_config)
     draft.init_weights(torch.Generator().manual_seed(seed), verifier["lm_head"][draft_to_target(d2t)])
     draft.lm_head.weight.requires_grad_(not freeze_lm_head)
     return draft
@@ -143,20 +149,29 @@ def training_precision(config: TrainParams, device: torch.device) -> str:
 
 
 def make_objective(
-    draft: Eagle3Draft,
+    draft: AnyDraft,
     verifier: dict[str, torch.Tensor],
     d2t: torch.Tensor,
     t2d: torch.Tensor,
     config: TrainParams,
     precision: str,
-) -> Objective:
-    """`precision` as training_precision resolves it: the target head runs in it (in bf16 the verifier's logits
-    cost a fraction of fp32's)."""
-    head_dtype = getattr(torch, precision)
+) -> Objective | DFlashObjective:
+    """The objective `draft`'s method trains; `precision` as training_precision resolves it: the target head runs
+    in it (in bf16 the verifier's logits cost a fraction of fp32's)."""
+    head = verifier["lm_head"][draft_to_target(d2t)].to(getattr(torch, precision))
+    if not isinstance(draft, Eagle3Draft):
+        return DFlashObjective(
+            draft,
+            embed=verifier["embed"],
+            draft_lm_head=head,
+            t2d=t2d,
+            anchors=config.dflash.anchors,
+            decay=config.dflash.slot_weight,
+        )
     return Objective(
         draft,
         embed=verifier["embed"],
-        draft_lm_head=verifier["lm_head"][draft_to_target(d2t)].to(head_dtype),
+        draft_lm_head=head,
         t2d=t2d,
         ttt_steps=config.ttt_steps,
         step_weight=config.step_weight,
@@ -213,7 +228,7 @@ class StepResult:
 
 def train_step(
     model: nn.Module,
-    objective: Objective,
+    objective: TrainingObjective,
     optimizer: Stepper,
     micro: list[dict[str, torch.Tensor]],
     world: Dist,
