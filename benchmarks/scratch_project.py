@@ -48,11 +48,11 @@ def evaluate(work: Path, reference: Path) -> float:
     return seconds
 
 
-def evaluate_at_k(params: dict) -> dict:
-    """params' evaluate section measuring the draft at K only, beside the verifier alone (no n-gram baseline,
-    which does not depend on the draft)."""
-    evaluate = {**params["evaluate"], "methods": ["none", "eagle3"], "num_speculative_tokens": [K]}
-    evaluate["headline_k"] = K
+def evaluate_at_k(params: dict, method: str = "eagle3", k: int = K) -> dict:
+    """params' evaluate section measuring the draft (of `method`) at k only, beside the verifier alone (no n-gram
+    baseline, which does not depend on the draft)."""
+    evaluate = {**params["evaluate"], "methods": ["none", method], "num_speculative_tokens": [k]}
+    evaluate["headline_k"] = k
     return evaluate
 
 
@@ -62,11 +62,12 @@ def measure(work: Path, train_s: float, tokens_per_s: float | None = None) -> di
     metrics = json.loads((work / EVAL_METRICS).read_text())
     if tokens_per_s is None:
         tokens_per_s = json.loads((work / TRAIN_LOG_DIR / "metrics.json").read_text())["tokens_per_s_this_run"]
-    runs = {(r["method"], r["temperature"]): r for r in metrics["runs"] if r["method"] == "eagle3"}
+    drafted = next(r["method"] for r in metrics["runs"] if r["method"] != "none")
+    runs = {(r["method"], r["temperature"]): r for r in metrics["runs"] if r["method"] == drafted}
     sampled = next(r for (method, t), r in runs.items() if t > 0)
-    greedy = runs[("eagle3", 0.0)]
+    greedy = runs[(drafted, 0.0)]
     long_context = next(
-        r for r in metrics["long_context"]["results"] if r["method"] == "eagle3" and r["temperature"] == 0
+        r for r in metrics["long_context"]["results"] if r["method"] == drafted and r["temperature"] == 0
     )
     offline = metrics["offline_estimate"]
     return {
@@ -87,6 +88,11 @@ def measure(work: Path, train_s: float, tokens_per_s: float | None = None) -> di
         },
         "train_tokens_per_s": tokens_per_s,
         "train_s": round(train_s, 1),
+        # A chain draft runs one forward per drafted token, a block draft one per block.
+        "draft_forwards_per_step": round(
+            greedy["num_drafts"] * (greedy["k"] if drafted == "eagle3" else 1) / greedy["verifier_steps"], 4
+        ),
+        "acceptance_by_position": greedy["acceptance_by_position"],
     }
 
 
@@ -100,8 +106,10 @@ def summary(results: list[dict]) -> list[str]:
     names = list(dict.fromkeys(r["arm"] for r in results))
     by_arm = {name: [r for r in results if r["arm"] == name] for name in names}
     tables = {"offline_by_context", "vllm_by_context"}
-    sets = [k for k in results[0] if k not in {"arm", "seed", "lossless", "offline_top1"} | tables]
-    lines = ["arm | seeds | " + " | ".join(sets) + " | offline top-1 by position"]
+    positional = {"offline_top1", "acceptance_by_position"}
+    sets = [k for k in results[0] if k not in {"arm", "seed", "lossless"} | positional | tables]
+    shown = [key for key in ("offline_top1", "acceptance_by_position") if key in results[0]]
+    lines = ["arm | seeds | " + " | ".join(sets + [f"{key} by position" for key in shown])]
     first = by_arm[names[0]]
     for name, arms in by_arm.items():
         cells = []
@@ -109,10 +117,13 @@ def summary(results: list[dict]) -> list[str]:
             values = [r[key] for r in arms]
             baseline = statistics.fmean(r[key] for r in first)
             cells.append(f"{_cell(values)} x{statistics.fmean(values) / baseline:.3f}")
-        top1 = [statistics.fmean(r["offline_top1"][i] for r in arms) for i in range(K)]
-        lines.append(f"{name} | {len(arms)} | " + " | ".join(cells) + " | " + " / ".join(f"{a:.3f}" for a in top1))
+        for key in shown:
+            positions = min(len(r[key]) for r in arms)
+            means = [statistics.fmean(r[key][i] for r in arms) for i in range(positions)]
+            cells.append(" / ".join(f"{a:.3f}" for a in means))
+        lines.append(f"{name} | {len(arms)} | " + " | ".join(cells))
     for key, what, counted in (
-        ("vllm_by_context", "vLLM tokens per step (k=3 greedy, every set's turns) by prompt tokens", "turns"),
+        ("vllm_by_context", "vLLM tokens per step (greedy, every set's turns) by prompt tokens", "turns"),
         ("offline_by_context", "offline mean acceptance length by context tokens", "drafts"),
     ):
         lines.append("")

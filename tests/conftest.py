@@ -281,6 +281,12 @@ def draft_params(**train) -> dict:
         "max_prompts": 8,
         "vllm": {"max_model_len": 512, "cpu_kvcache_space_gib": 1, "dtype": "float32"},
     }
+    if train.get("draft_method") == "dflash":
+        # A block draft is evaluated and served at its block size less one.
+        proposed = train["dflash"]["block_size"] - 1
+        params["evaluate"] |= {"methods": ["none", "dflash", "ngram"], "num_speculative_tokens": [proposed]}
+        params["evaluate"]["headline_k"] = proposed
+        params.setdefault("export", {})["num_speculative_tokens"] = proposed
     return params
 
 

@@ -81,7 +81,8 @@ def test_vllm_serves_the_block_draft_losslessly_and_training_makes_it_accepted(d
     assert rates["trained"] > 0.04 and rates["untrained"] < 0.01, rates
 
 
-def test_evaluate_refuses_a_block_draft_in_one_line(dflash_trained):
-    result = eagle3(dflash_trained, "evaluate", check=False)
+def test_evaluate_refuses_an_export_of_the_other_method_in_one_line(dflash_trained, tmp_path):
+    root = copy_project(dflash_trained, tmp_path / "chain", draft_params())
+    result = eagle3(root, "evaluate", check=False)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "a DFlash block draft; evaluate measures EAGLE-3 drafts only so far" in result.stderr
+    assert "models/draft: a DFlash draft, but evaluate measures eagle3; rerun `dvc repro export`" in result.stderr

@@ -273,7 +273,7 @@ def test_plots_leave_unmeasured_sampled_runs_empty_and_show_positions_at_a_k_mea
     write_plots(tmp_path, runs, config)
     table = (tmp_path / "metrics/eval/tokens_per_step.csv").read_text().splitlines()
     assert table == [
-        "k,eagle3_greedy,ngram_greedy,eagle3_sampled,ngram_sampled",
+        "k,draft_greedy,ngram_greedy,draft_sampled,ngram_sampled",
         "1,2.1,1.1,,",
         "3,2.3,1.3,1.25,1.05",
         "5,2.5,1.5,,",

@@ -156,3 +156,33 @@ def test_the_estimate_counts_the_layouts_norms(small, layout, extra_tensors, ext
     assert normed.step - plain.step >= 512 * 3 * 64 * 2
     measured = real_peak(512, "off", "bfloat16", layout)
     assert abs(normed.total - measured) <= 0.02 * measured
+
+
+BLOCK_DRAFT = TrainParams(draft_method="dflash", dflash={"layers": 2, "block_size": 4, "anchors": 24})
+
+
+def test_a_block_draft_s_estimate_is_the_real_peak_and_linear_in_tokens():
+    """The DFlash objective on fake tensors (its anchors picked by tensor operations alone) against its real step:
+    memory grows with the context, the blocks' part is fixed by anchors x block."""
+    config = draft_config_for(SMALL, 300, BLOCK_DRAFT)
+    slots, anchors = BLOCK_DRAFT.dflash.block_size - 1, BLOCK_DRAFT.dflash.anchors
+    estimator = Estimator(config, slots, anchors=anchors)
+    lengths = (512, 1024, 2048)
+    estimates = [estimator.memory(tokens, "off").total for tokens in lengths]
+    real = []
+    for tokens in lengths:
+        with PeakBytes() as meter:
+            objective = make_objective_for(config, slots, "off", "bfloat16", anchors=anchors)
+            optimizer = make_optimizer(objective.draft, TrainParams())
+            batch = sample_batch(config, 1, tokens, slots)
+            for step in range(2):
+                if step == 1:
+                    meter.peak = meter.live
+                train_step(objective, objective, optimizer, [batch], Dist(), 1.0, "bfloat16")
+        real.append(meter.peak)
+    for estimate, measured in zip(estimates, real, strict=True):
+        assert abs(estimate - measured) <= 0.02 * measured, (lengths, estimates, real)
+    first, second = estimates[1] - estimates[0], estimates[2] - estimates[1]
+    assert first > 0 and abs(second - 2 * first) <= 0.05 * second, estimates
+    # Twice the anchors: more memory at the same length (the blocks' queries and their soft cross-entropy).
+    assert Estimator(config, slots, anchors=2 * anchors).memory(512, "off").total > estimates[0]

@@ -227,7 +227,37 @@ INVALID = [
     ),
     (
         lambda p: _set(p, "evaluate.methods", ["none", "ngram"]),
-        "params.yaml: evaluate: methods: must include eagle3, the draft being evaluated, got ['none', 'ngram']",
+        "params.yaml: evaluate: methods: must include exactly one of eagle3, dflash, the trained draft's method "
+        "(train.draft_method), got ['none', 'ngram']",
+    ),
+    (
+        lambda p: _set(p, "evaluate.methods", ["eagle3", "dflash"]),
+        "params.yaml: evaluate: methods: must include exactly one of eagle3, dflash, the trained draft's method "
+        "(train.draft_method), got ['eagle3', 'dflash']",
+    ),
+    (
+        lambda p: _set(p, "evaluate.methods", ["none", "dflash", "ngram"]),
+        "params.yaml: train.draft_method is eagle3 (evaluate measures the trained draft): set evaluate.methods: "
+        "[none, eagle3, ngram]",
+    ),
+    # Switching to a block draft: everything else it needs, in one message.
+    (
+        lambda p: _set(p, "train.draft_method", "dflash"),
+        "params.yaml: train.draft_method is dflash (a block of train.dflash.block_size 8 proposes 7 tokens per "
+        "verifier step): set evaluate.methods: [none, dflash, ngram]; evaluate.headline_k: 7; "
+        "export.num_speculative_tokens: 7; evaluate.num_speculative_tokens: include 7",
+    ),
+    (
+        lambda p: (
+            _set(
+                _set(_set(p, "train.draft_method", "dflash"), "train.dflash", {"block_size": 4}),
+                "evaluate.methods",
+                ["none", "dflash"],
+            )
+            | {"export": {"num_speculative_tokens": 5}}
+        ),
+        "params.yaml: train.draft_method is dflash (a block of train.dflash.block_size 4 proposes 3 tokens per "
+        "verifier step): set export.num_speculative_tokens: 3",
     ),
     (
         lambda p: _set(p, "evaluate.backend", "servers"),
@@ -239,7 +269,21 @@ INVALID = [
             "evaluate.servers",
             {"endpoints": [{"url": "http://127.0.0.1:8000/v1", "model": "m", "serves": "eagle3", "k": 5}]},
         ),
-        "params.yaml: evaluate: headline_k 3 must be the k of an eagle3 endpoint, got [5]",
+        "params.yaml: evaluate: headline_k 3 must be the k of an endpoint serving eagle3, got [5]",
+    ),
+    (
+        lambda p: _set(
+            _set(p, "evaluate.backend", "servers"),
+            "evaluate.servers",
+            {
+                "endpoints": [
+                    {"url": "http://127.0.0.1:8000/v1", "model": "m", "serves": "eagle3", "k": 3},
+                    {"url": "http://127.0.0.1:8001/v1", "model": "m", "serves": "dflash", "k": 3},
+                ]
+            },
+        ),
+        "params.yaml: evaluate: servers.endpoints: exactly one draft method is evaluated (the trained draft's), got "
+        "['dflash', 'eagle3']",
     ),
     (
         lambda p: _set(
@@ -247,8 +291,7 @@ INVALID = [
             "evaluate.servers",
             {"endpoints": [{"url": "http://127.0.0.1:8000/v1", "model": "m", "serves": "none", "k": 3}]},
         ),
-        "params.yaml: evaluate.servers.endpoints[0]: k: give k exactly when serves is eagle3 or ngram (serves none, "
-        "k 3)",
+        "params.yaml: evaluate.servers.endpoints[0]: k: give k exactly when the endpoint speculates (serves none, k 3)",
     ),
     # Combinations that would only show hours later.
     (
@@ -437,3 +480,33 @@ def test_check_previews_the_license_gate_with_the_override_to_write(tmp_path):
 
 def _eagle3_check(root):
     return subprocess.run([sys.executable, "-m", "eagle3.cli", "check"], cwd=root, capture_output=True, text=True)
+
+
+def test_a_block_draft_is_evaluated_at_its_block_only_and_ngram_at_every_k(tmp_path):
+    params = _set(smoke_params(), "train.draft_method", "dflash")
+    params = _set(_set(params, "train.dflash", {"block_size": 4}), "export.num_speculative_tokens", 3)
+    params = _set(
+        _set(params, "evaluate.methods", ["ngram", "dflash", "none"]), "evaluate.num_speculative_tokens", [1, 3, 5]
+    )
+    evaluate = load_params(write_params(tmp_path, params)).evaluate
+    assert evaluate.draft_method == "dflash"
+    assert evaluate.configurations() == [("none", None), ("dflash", 3), ("ngram", 1), ("ngram", 3), ("ngram", 5)]
+
+
+def _merged(base: dict, change: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in change.items():
+        merged[key] = _merged(merged.get(key, {}), value) if isinstance(value, dict) else value
+    return merged
+
+
+def test_the_block_draft_settings_the_pipeline_page_shows_load_and_the_first_alone_is_refused(tmp_path):
+    page = (REPO / "docs/pipeline.md").read_text()
+    section = page[page.index("### Block drafts") :]
+    shown = yaml.safe_load(
+        section[section.index("```yaml") + len("```yaml") : section.index("```\n", section.index("```yaml") + 7)]
+    )
+    evaluate = load_params(write_params(tmp_path, _merged(smoke_params(), shown))).evaluate
+    assert evaluate.configurations() == [("none", None), ("dflash", 3), ("ngram", 1), ("ngram", 3), ("ngram", 5)]
+    with pytest.raises(Eagle3Error, match=r"set evaluate.methods: \[none, dflash, ngram\]"):
+        load_params(write_params(tmp_path, _merged(smoke_params(), {"train": shown["train"]})))

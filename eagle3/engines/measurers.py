@@ -18,6 +18,7 @@ from eagle3.formats.evaluation_kept import KeptItem
 from eagle3.formats.hf_config import read_config, text_config, uses_mla
 from eagle3.formats.provenance import Provenance, checked_verifier_dir
 from eagle3.params.evaluate import Endpoint, EvaluateParams
+from eagle3.params.train import DRAFT_METHODS
 from eagle3.paths import DRAFT_DIR
 from eagle3.precision import engine_device_type, resolve
 
@@ -74,7 +75,7 @@ def evaluate_engine(config: EvaluateParams, model_dir: Path, draft_dir: Path, tr
 
 
 def _drafted(method: str, k: int | None) -> int:
-    """k of a configuration that speculates (the params give every eagle3 and ngram one)."""
+    """k of a configuration that speculates (the params give every draft and ngram configuration one)."""
     if k is None:
         raise ValueError(f"a {method} configuration needs k, the tokens it drafts per step")
     return k
@@ -122,8 +123,8 @@ class EngineMeasurer(Measurer):
         own greedy ones), each batch kept as it finishes; and the record of how it was measured."""
         config = self.config
         speculation = None
-        if method == "eagle3":
-            speculation = Speculation("eagle3", _drafted(method, k), str(self.draft_dir))
+        if method in DRAFT_METHODS:
+            speculation = Speculation(method, _drafted(method, k), str(self.draft_dir))
         elif method == "ngram":
             speculation = Speculation(
                 "ngram",

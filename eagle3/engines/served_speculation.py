@@ -31,6 +31,7 @@ import httpx
 
 from eagle3.engines.server_access import vllm_version
 from eagle3.errors import Eagle3Error
+from eagle3.params.train import DRAFT_METHODS
 
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
 _LABEL = re.compile(r'(?P<key>[A-Za-z_][A-Za-z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
@@ -50,7 +51,7 @@ class Served:
 
     url: str  # the OpenAI base URL, ending in /v1
     model: str  # the served model name
-    method: str  # "none" | "eagle3" | "ngram"
+    method: str  # evaluate's Method: "none", a draft method or "ngram"
     k: int | None
 
     @property
@@ -157,11 +158,12 @@ def check_server_info(served: Served, info: dict[str, Any] | None) -> str:
         raise Eagle3Error(
             f"evaluate: {served.root} is labelled {served.label}, but serves {method} k={k}; fix its label"
         )
-    if served.method != "eagle3":
+    if served.method not in DRAFT_METHODS:
         return f"configuration checked: {method} k={k}"
     # The dump names the draft by the server's own path and holds none of its config: only method and k compare.
     return (
-        f"configuration checked: eagle3 k={k}; that it is the exported draft is the label's word (vLLM reports no hash)"
+        f"configuration checked: {method} k={k}; that it is the exported draft is the label's word (vLLM reports no "
+        "hash)"
     )
 
 

@@ -33,6 +33,7 @@ from eagle3.engines.vllm_env import import_vllm, on_cpu_build, prepare_environme
 from eagle3.environment import capture
 from eagle3.errors import Eagle3Error
 from eagle3.formats.evaluation_kept import KeptItem
+from eagle3.params.train import DRAFT_METHODS
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Engine:
 
 @dataclass(frozen=True)
 class Speculation:
-    method: str  # "eagle3" | "dflash" | "ngram"
+    method: str  # a draft method (eagle3/params/train.py) or "ngram"
     num_speculative_tokens: int
     model: str | None = None  # the draft directory (eagle3, dflash)
     prompt_lookup_min: int | None = None  # ngram; None keeps vLLM's default
@@ -60,7 +61,7 @@ class Speculation:
 
     def vllm_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
-        if self.method in ("eagle3", "dflash"):
+        if self.method in DRAFT_METHODS:
             config["model"] = self.model
         for key in ("prompt_lookup_min", "prompt_lookup_max"):
             if getattr(self, key) is not None:
@@ -217,6 +218,8 @@ def _child(request_path: Path, result_path: Path) -> None:
     repaired = _repair_token_expansion(rejection_sampler, _engine_device())
     # Captured here, where the engine runs and its switches are set.
     environment = capture(tensor_parallel_size=engine.tensor_parallel_size, compute_dtype=engine.dtype)
+    # Which runner proposed: vLLM serves a block draft with its V1 proposer on CPU and its V2 speculator on GPUs.
+    environment["model_runner"] = "V2" if llm.llm_engine.vllm_config.use_v2_model_runner else "V1"
     samplings = [Sampling(**s) for s in request["samplings"]]
     if any(request["later_turns"]) and request["answers"] is None and samplings[0].temperature != 0:
         raise ValueError("later turns without given answers need the greedy sampling first")

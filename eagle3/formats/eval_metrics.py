@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationErr
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import read_report_json
+from eagle3.params.evaluate import Method
+from eagle3.params.train import DRAFT_METHODS, DraftMethod
 from eagle3.paths import EVAL_METRICS
 
 # 95% interval, [low, high].
@@ -44,8 +46,8 @@ class _Record(BaseModel):
 class Figures(_Record):
     """One configuration's figures over one prompt set, in one sampling run."""
 
-    method: Literal["none", "eagle3", "ngram"]
-    # Draft tokens per step (chain drafting); null for the run without speculation.
+    method: Method
+    # Draft tokens per step (a chain draft's k forwards, a block draft's one); null for the run without speculation.
     k: int | None
     temperature: float
     prompts: NonNegativeInt
@@ -215,11 +217,25 @@ class EvalMetrics(_Record):
     def greedy_run(self, method: str, k: int | None) -> Run | None:
         return next((r for r in self.runs if r.method == method and r.k == k and r.temperature == 0), None)
 
+    @property
+    def draft_method(self) -> DraftMethod:
+        """The evaluated draft's method: that of the runs that drafted with it (read_eval_metrics requires one)."""
+        found = {run.method for run in self.runs if run.method in DRAFT_METHODS}
+        if len(found) != 1:
+            raise Eagle3Error(
+                f"{EVAL_METRICS.as_posix()}: runs: one draft method expected ({', '.join(DRAFT_METHODS)}), got "
+                f"{sorted(found)}; rerun the evaluate stage"
+            )
+        return found.pop()  # type: ignore[return-value]
+
     def headline_run(self) -> Run:
-        """The greedy eagle3 run at the headline k, which read_eval_metrics requires."""
-        run = self.greedy_run("eagle3", self.headline.k)
+        """The draft's greedy run at the headline k, which read_eval_metrics requires."""
+        run = self.greedy_run(self.draft_method, self.headline.k)
         if run is None:
-            raise Eagle3Error(f"{EVAL_METRICS.as_posix()}: runs: no greedy eagle3 run at k={self.headline.k}")
+            raise Eagle3Error(
+                f"{EVAL_METRICS.as_posix()}: runs: no greedy {self.draft_method} run at k={self.headline.k}; rerun "
+                "the evaluate stage"
+            )
         return run
 
     def as_json(self) -> dict[str, Any]:
@@ -242,6 +258,5 @@ def read_eval_metrics(root: Path) -> EvalMetrics:
         error = exc.errors()[0]
         key = ".".join(str(part) for part in error["loc"]) or "(top level)"
         raise Eagle3Error(f"{where}: {key}: {error['msg']}; {rerun}") from None
-    if metrics.greedy_run("eagle3", metrics.headline.k) is None:
-        raise Eagle3Error(f"{where}: runs: no greedy eagle3 run at k={metrics.headline.k}; {rerun}")
+    metrics.headline_run()
     return metrics

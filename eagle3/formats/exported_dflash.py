@@ -26,15 +26,16 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from eagle3.errors import Eagle3Error
 from eagle3.files import atomic_path, write_json
+from eagle3.formats.exported_method import DFLASH_ARCHITECTURE, exported_method
 from eagle3.formats.hf_config import CONFIG, read_config
 from eagle3.modeling.dflash import DFlashConfig, DFlashDraft
+from eagle3.modeling.rope import ROPE_KEYS
 
 WEIGHTS = "model.safetensors"
-ARCHITECTURE = "DFlashDraftModel"
 
 
 def target_layer_ids(aux_layer_ids: tuple[int, ...] | list[int]) -> list[int]:
@@ -45,7 +46,7 @@ def target_layer_ids(aux_layer_ids: tuple[int, ...] | list[int]) -> list[int]:
 
 def dflash_vllm_config(config: DFlashConfig, dtype: str) -> dict[str, Any]:
     return {
-        "architectures": [ARCHITECTURE],
+        "architectures": [DFLASH_ARCHITECTURE],
         "model_type": "qwen3",
         "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_hidden_layers,
@@ -97,7 +98,39 @@ def write_dflash(draft: DFlashDraft, d2t: torch.Tensor, directory: Path, dtype: 
 
 def is_dflash(draft_dir: Path) -> bool:
     config = draft_dir / CONFIG
-    return config.is_file() and ARCHITECTURE in (read_config(draft_dir).get("architectures") or [])
+    return config.is_file() and exported_method(read_config(draft_dir)) == "dflash"
+
+
+def exported_config(config: dict[str, Any]) -> DFlashConfig:
+    """The draft's shape from its exported config.json (as check_dflash has checked it)."""
+    dflash = config["dflash_config"]
+    return DFlashConfig(
+        hidden_size=config["hidden_size"],
+        num_attention_heads=config["num_attention_heads"],
+        num_key_value_heads=config["num_key_value_heads"],
+        head_dim=config["head_dim"],
+        intermediate_size=config["intermediate_size"],
+        num_hidden_layers=config["num_hidden_layers"],
+        rms_norm_eps=config["rms_norm_eps"],
+        vocab_size=config["vocab_size"],
+        draft_vocab_size=config.get("draft_vocab_size", config["vocab_size"]),
+        max_position_embeddings=config["max_position_embeddings"],
+        aux_layer_ids=tuple(config["eagle_aux_hidden_state_layer_ids"]),
+        block_size=config["block_size"],
+        mask_token_id=dflash["mask_token_id"],
+        rope={key: config[key] for key in ROPE_KEYS if config.get(key) is not None},
+    )
+
+
+def load_exported_dflash(draft_dir: Path, verifier_dir: Path) -> tuple[DFlashDraft, torch.Tensor]:
+    """The exported block draft as a float32 model, and its d2t (zeros, the identity, for a full vocabulary),
+    after check_dflash passes it against the verifier in `verifier_dir`."""
+    validate_dflash(draft_dir, verifier_dir)
+    draft = DFlashDraft(exported_config(read_config(draft_dir)))
+    tensors = load_file(str(draft_dir / WEIGHTS))
+    d2t = tensors.pop("d2t", torch.zeros(draft.config.draft_vocab_size, dtype=torch.int64))
+    draft.load_state_dict({name: tensor.float() for name, tensor in tensors.items()})
+    return draft.eval(), d2t
 
 
 def check_dflash(draft_dir: Path, verifier_dir: Path) -> list[str]:
@@ -128,22 +161,7 @@ def check_dflash(draft_dir: Path, verifier_dir: Path) -> list[str]:
         problems.append("tie_word_embeddings must be false: the draft has a head of its own")
     if problems:
         return problems
-    assert isinstance(aux, list) and isinstance(mask, int)  # the checks above returned otherwise
-    shaped = DFlashConfig(
-        hidden_size=config["hidden_size"],
-        num_attention_heads=config["num_attention_heads"],
-        num_key_value_heads=config["num_key_value_heads"],
-        head_dim=config["head_dim"],
-        intermediate_size=config["intermediate_size"],
-        num_hidden_layers=config["num_hidden_layers"],
-        rms_norm_eps=config["rms_norm_eps"],
-        vocab_size=config["vocab_size"],
-        draft_vocab_size=config.get("draft_vocab_size", config["vocab_size"]),
-        max_position_embeddings=config["max_position_embeddings"],
-        aux_layer_ids=tuple(aux),
-        block_size=config["block_size"],
-        mask_token_id=mask,
-    )
+    shaped = exported_config(config)
     expected = expected_tensors(shaped)
     with safe_open(str(draft_dir / WEIGHTS), "pt") as weights:
         found = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}

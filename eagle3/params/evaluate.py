@@ -5,9 +5,13 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from eagle3.params.base import EnvironmentVariable, Section, Seed, ServerUrl, Threads, execution_only
+from eagle3.params.train import DRAFT_METHODS, DraftMethod
 from eagle3.precision import EngineDtype
 
-Method = Literal["none", "eagle3", "ngram"]
+# none: the verifier alone; a draft method (the trained draft, as vLLM serves it); ngram: vLLM's prompt lookup.
+Method = Literal["none", "eagle3", "dflash", "ngram"]
+# Where each method's runs sort: the reference first, the draft, the baseline.
+_ORDER: dict[str, int] = {"none": 0, **dict.fromkeys(DRAFT_METHODS, 1), "ngram": 2}
 
 
 class NgramBaseline(Section):
@@ -41,7 +45,7 @@ class Endpoint(Section):
     @model_validator(mode="after")
     def _k_matches_method(self) -> "Endpoint":
         if (self.serves == "none") != (self.k is None):
-            raise ValueError(f"k: give k exactly when serves is eagle3 or ngram (serves {self.serves}, k {self.k})")
+            raise ValueError(f"k: give k exactly when the endpoint speculates (serves {self.serves}, k {self.k})")
         return self
 
 
@@ -86,7 +90,9 @@ class LongContextProbe(Section):
 class EvaluateParams(Section):
     # engines: a fresh in-process vLLM engine per configuration (CPU, small models); servers: running vLLM servers.
     backend: Literal["engines", "servers"] = "engines"
-    # engines: the methods run, each at every k of num_speculative_tokens ("none" is the lossless reference).
+    # engines: the methods run, each at every k of num_speculative_tokens ("none" is the lossless reference), one of
+    # them the trained draft's (train.draft_method); a block draft (dflash) runs only at the headline k, its block
+    # size less one.
     methods: list[Method] = Field(["none", "eagle3", "ngram"], min_length=1)
     # Draft lengths to measure (vLLM num_speculative_tokens).
     num_speculative_tokens: list[PositiveInt] = Field([1, 3, 5], min_length=1)
@@ -127,18 +133,38 @@ class EvaluateParams(Section):
         if self.backend == "servers":
             if self.servers is None:
                 raise ValueError("servers: backend servers needs servers.endpoints")
-            # An eagle3 endpoint has a k (Endpoint checks it).
-            drafts = sorted(e.k for e in self.servers.endpoints if e.serves == "eagle3" and e.k is not None)
-            if self.headline_k not in drafts:
-                raise ValueError(f"headline_k {self.headline_k} must be the k of an eagle3 endpoint, got {drafts}")
+            served = sorted({e.serves for e in self.servers.endpoints if e.serves in DRAFT_METHODS})
+            if len(served) != 1:
+                raise ValueError(
+                    f"servers.endpoints: exactly one draft method is evaluated (the trained draft's), got {served}"
+                )
+            # A draft endpoint has a k (Endpoint checks it).
+            ks = sorted(e.k for e in self.servers.endpoints if e.serves == served[0] and e.k is not None)
+            if self.headline_k not in ks:
+                raise ValueError(
+                    f"headline_k {self.headline_k} must be the k of an endpoint serving {served[0]}, got {ks}"
+                )
             return self
-        if "eagle3" not in self.methods:
-            raise ValueError(f"methods: must include eagle3, the draft being evaluated, got {self.methods}")
+        if sum(m in DRAFT_METHODS for m in self.methods) != 1:
+            raise ValueError(
+                f"methods: must include exactly one of {', '.join(DRAFT_METHODS)}, the trained draft's method "
+                f"(train.draft_method), got {self.methods}"
+            )
         if self.headline_k not in self.num_speculative_tokens:
             raise ValueError(
                 f"headline_k {self.headline_k} must be one of num_speculative_tokens {self.num_speculative_tokens}"
             )
         return self
+
+    @property
+    def draft_method(self) -> DraftMethod:
+        """The method of the draft being evaluated (the validators make it exactly one)."""
+        if self.backend == "servers":
+            assert self.servers is not None
+            methods = [e.serves for e in self.servers.endpoints]
+        else:
+            methods = list(self.methods)
+        return next(m for m in methods if m in DRAFT_METHODS)  # type: ignore[return-value]
 
     def temperatures(self, k: int | None) -> tuple[float, ...]:
         """What configuration (method, k) runs at: greedy first, then `temperature` where `sampled_at` puts it."""
@@ -152,7 +178,13 @@ class EvaluateParams(Section):
             assert self.servers is not None
             found = [(e.serves, e.k) for e in self.servers.endpoints]
         else:
-            found = [(m, None) if m == "none" else (m, k) for m in self.methods for k in self.num_speculative_tokens]
+            found = [(m, self._k_of(m, k)) for m in self.methods for k in self.num_speculative_tokens]
             found = list(dict.fromkeys(found))
-        order = {"none": 0, "eagle3": 1, "ngram": 2}
-        return sorted(found, key=lambda c: (order[c[0]], c[1] or 0))
+        return sorted(found, key=lambda c: (_ORDER[c[0]], c[1] or 0))
+
+    def _k_of(self, method: str, k: int) -> int | None:
+        """The k a method runs at when the sweep asks for k: none drafts nothing; a block draft proposes exactly
+        its block less one, the headline k (the params file checks it)."""
+        if method == "none":
+            return None
+        return self.headline_k if method == "dflash" else k

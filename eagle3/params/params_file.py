@@ -85,20 +85,45 @@ class Params(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _evaluated_as_trained(self) -> "Params":
+        """evaluate measures the draft train trains, served at the k it was trained for: every setting that must
+        change with train.draft_method in one message."""
+        method, evaluate = self.train.draft_method, self.evaluate
+        fixes = []
+        if evaluate.draft_method != method:
+            if evaluate.backend == "servers":
+                fixes.append(f"evaluate.servers.endpoints: serve {method}, not {evaluate.draft_method}")
+            else:
+                methods = [method if m == evaluate.draft_method else m for m in evaluate.methods]
+                fixes.append(f"evaluate.methods: [{', '.join(methods)}]")
+        if method == "dflash":
+            # vLLM serves any num_speculative_tokens; the block is trained for its size less one.
+            proposed = self.train.dflash.block_size - 1
+            served = {
+                "evaluate.headline_k": evaluate.headline_k,
+                "export.num_speculative_tokens": self.export.num_speculative_tokens,
+            }
+            fixes += [f"{key}: {proposed}" for key, k in served.items() if k != proposed]
+            if evaluate.backend == "engines" and proposed not in evaluate.num_speculative_tokens:
+                fixes.append(f"evaluate.num_speculative_tokens: include {proposed}")
+        if fixes:
+            reason = (
+                f"a block of train.dflash.block_size {self.train.dflash.block_size} proposes "
+                f"{self.train.dflash.block_size - 1} tokens per verifier step"
+                if method == "dflash"
+                else "evaluate measures the trained draft"
+            )
+            raise ValueError(f"train.draft_method is {method} ({reason}): set {'; '.join(fixes)}")
+        return self
+
     def warnings(self) -> list[str]:
         """Settings a user may want but that usually mean a mistake, one line each naming the keys."""
+        if self.train.draft_method == "dflash":
+            return []  # its served k is checked above
         found = []
         served = {"export.num_speculative_tokens": self.export.num_speculative_tokens}
         served["evaluate.headline_k"] = self.evaluate.headline_k
-        if self.train.draft_method == "dflash":
-            block = self.train.dflash.block_size
-            for key, k in served.items():
-                if k != block - 1:
-                    found.append(
-                        f"{key} is {k} but train.dflash.block_size {block} proposes {block - 1} tokens per verifier "
-                        f"step: vLLM serves a block draft as trained only at num_speculative_tokens {block - 1}"
-                    )
-            return found
         depth = self.train.ttt_steps
         for key, k in served.items():
             if k > depth:

@@ -25,6 +25,9 @@ DraftLayer = Literal["llama", "mla"]
 # train.draft_method: eagle3, a chain draft (one draft forward per proposed token, vLLM's `eagle3` method); dflash, a
 # block draft (a whole block per forward, vLLM's `dflash` method: eagle3/modeling/dflash.py).
 DraftMethod = Literal["eagle3", "dflash"]
+DRAFT_METHODS: tuple[DraftMethod, ...] = get_args(DraftMethod)
+# How the card, the plots and the status lines name each draft method.
+METHOD_NAMES: dict[str, str] = {"eagle3": "EAGLE-3", "dflash": "DFlash"}
 if TYPE_CHECKING:
     GpuKind = str  # a Literal built from GPUS' keys at runtime, which a type checker cannot read
 else:

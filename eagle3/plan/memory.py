@@ -94,10 +94,11 @@ def _measure(
 
     train = TrainParams.model_validate(shape)
     draft = draft_config_for(config, draft_vocab, train, aux_layers)
-    assert isinstance(draft, DraftConfig)  # estimate() prices EAGLE-3 drafts only
-    estimator = Estimator(draft, ttt_steps, optimizer=train.optimizer, freeze_lm_head=train.freeze_lm_head)
+    estimator = Estimator(
+        draft, ttt_steps, optimizer=train.optimizer, freeze_lm_head=train.freeze_lm_head, anchors=train.dflash.anchors
+    )
     lines = {}
-    for setting in RECOMPUTE:
+    for setting in RECOMPUTE if isinstance(draft, DraftConfig) else ("off",):
         short, long = (estimator.memory(tokens, setting, processes, sharding).total for tokens in LENGTHS)
         per_token = (long - short) / (LENGTHS[1] - LENGTHS[0])
         lines[setting] = MemoryLine(short - per_token * LENGTHS[0], per_token)
@@ -137,22 +138,19 @@ def draft_figures(
 
 
 def _cached(path: Path) -> dict[str, MemoryLine] | None:
-    """The lines kept at `path`, in the settings' order; None where there are none (or not what _measure makes)."""
+    """The lines kept at `path`, in the settings' order (a block draft's: off only); None where there are none (or
+    not what _measure makes)."""
     try:
         data = json.loads(path.read_text())
+        if not data or set(data) - set(RECOMPUTE):
+            return None
         return {
             name: MemoryLine(float(data[name]["fixed_bytes"]), float(data[name]["bytes_per_token"]))
             for name in RECOMPUTE
+            if name in data
         }
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-# The fake-tensor estimate steps the EAGLE-3 objective: the DFlash objective's anchors are picked per sequence
-# from the batch's values, which fake tensors do not have.
-NOT_PRICED = (
-    "not estimated: the memory estimate steps EAGLE-3 drafts only; a train.draft_method dflash draft is not priced yet"
-)
 
 
 def estimate(
@@ -165,7 +163,9 @@ def estimate(
     aux_layers: int | None = None,
 ) -> MemoryEstimate:
     """The lines, from the cache or measured (and cached), for the draft `shape` (draft_settings of the train
-    params; None: the defaults) gives, on `aux_layers` captured aux layers (None: vLLM's default three)."""
+    params; None: the defaults) gives, on `aux_layers` captured aux layers (None: vLLM's default three). A block
+    draft's (train.draft_method dflash) trains its block's slots, not `ttt_steps`, and recomputes nothing: its one
+    line is `off`'s."""
     shape = shape or {}
     draft_layout = tuple(name for name, on in (shape.get("draft_layout") or {}).items() if on)
     words = (
@@ -173,7 +173,15 @@ def estimate(
         f"processes ({sharding}), draft layout: {', '.join(draft_layout) or 'no extra norms'}" + _shape_words(shape)
     )
     if shape.get("draft_method") == "dflash":
-        return MemoryEstimate(ttt_steps, processes, sharding, None, NOT_PRICED, draft_layout)
+        from eagle3.params.train import DFlashParams
+
+        block = DFlashParams.model_validate(shape.get("dflash") or {})
+        ttt_steps, draft_layout = block.block_size - 1, ()
+        words = (
+            f"eagle3/training/memory.py on fake tensors: a DFlash draft of {block.layers} layers, blocks of "
+            f"{block.block_size} at {block.anchors} anchors per sample, bf16, batch 1, one of {processes} processes "
+            f"({sharding})" + _shape_words({**shape, "attention": None})
+        )
     key = (config, draft_vocab, ttt_steps, processes, sharding, shape, aux_layers)
     try:
         path = _cache_dir() / f"{_cache_key(*key)}.json"
@@ -230,7 +238,13 @@ def memory_warning(train: TrainMemory, max_tokens: int, recompute: str) -> str |
     gpu = GPUS[train.gpu]
     need = {name: f"{setting.at_max_tokens_bytes / GB:,.0f} GB" for name, setting in train.settings.items()}
     where = f"one {gpu.name} ({gpu.memory_gb:g} GB, {train.processes} x {train.sharding})"
-    fitting = [name for name in RECOMPUTE if train.settings[name].fits]
+    fitting = [name for name in RECOMPUTE if name in train.settings and train.settings[name].fits]
+    if "full" not in train.settings:  # a block draft recomputes nothing: only shorter samples fit
+        return (
+            f"{max_tokens:,} tokens per training process need {need[recompute]} per GPU, more than {where} holds "
+            f"(estimated); the longest that trains is {train.settings[recompute].longest_tokens:,} tokens: lower "
+            "extract.max_seq_len or train.max_tokens_per_batch"
+        )
     if fitting:
         return (
             f"{max_tokens:,} tokens per training process need {need[recompute]} per GPU to train with "

@@ -2,7 +2,8 @@
 
 reports/eval.png: tokens per verifier step against k, and acceptance by position at the largest k (held-out
 prompts). reports/eval_benchmarks.png: tokens per verifier step per prompt set at the headline k, greedy, draft
-beside ngram, with the 95% intervals.
+beside ngram, with the 95% intervals. The CSV columns say `draft` for the trained draft, whichever its method, so
+dvc.yaml's plots read them alike.
 """
 
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 from eagle3.files import atomic_path, write_text
 from eagle3.params.evaluate import EvaluateParams
+from eagle3.params.train import METHOD_NAMES
 from eagle3.paths import EVAL_BENCHMARKS_FIGURE, EVAL_FIGURE, EVAL_PLOTS_DIR
 
 
@@ -50,20 +52,21 @@ def write_plots(root: Path, runs: list[dict[str, Any]], config: EvaluateParams) 
     ks = sorted({r["k"] for r in runs if r["method"] != "none"})
     temperatures = (0.0, config.temperature)
     out = root / EVAL_PLOTS_DIR
+    draft = config.draft_method
 
     def figure_at(method: str, k: int, temperature: float) -> float | None:
         found = find_run(runs, method, k, temperature)
         return found["tokens_per_step"] if found else None
 
     # A configuration that was not measured is an empty cell (and a gap in the curve).
-    lines = ["k,eagle3_greedy,ngram_greedy,eagle3_sampled,ngram_sampled"]
+    lines = ["k,draft_greedy,ngram_greedy,draft_sampled,ngram_sampled"]
     for k in ks:
-        values = [figure_at(m, k, t) for t in temperatures for m in ("eagle3", "ngram")]
+        values = [figure_at(m, k, t) for t in temperatures for m in (draft, "ngram")]
         lines.append(",".join([str(k)] + ["" if v is None else str(v) for v in values]))
     write_text(out / "tokens_per_step.csv", "\n".join(lines) + "\n")
     # The largest k measured both ways (evaluate.sampled_at: every k, or only the headline k).
-    top = max(r["k"] for r in runs if r["method"] == "eagle3" and r["temperature"] == config.temperature)
-    greedy, sampled = pick_run(runs, "eagle3", top, 0.0), pick_run(runs, "eagle3", top, config.temperature)
+    top = max(r["k"] for r in runs if r["method"] == draft and r["temperature"] == config.temperature)
+    greedy, sampled = pick_run(runs, draft, top, 0.0), pick_run(runs, draft, top, config.temperature)
     lines = ["position,greedy,sampled"] + [
         f"{i},{g},{s}"
         for i, (g, s) in enumerate(
@@ -73,7 +76,7 @@ def write_plots(root: Path, runs: list[dict[str, Any]], config: EvaluateParams) 
     write_text(out / "acceptance_by_position.csv", "\n".join(lines) + "\n")
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for method, style in (("eagle3", "o-"), ("ngram", "s--")):
+    for method, style in ((draft, "o-"), ("ngram", "s--")):
         for temperature in temperatures:
             label = f"{method}, {'greedy' if temperature == 0 else f'T={temperature}'}"
             measured = [(k, figure_at(method, k, temperature)) for k in ks]
@@ -90,7 +93,12 @@ def write_plots(root: Path, runs: list[dict[str, Any]], config: EvaluateParams) 
     positions = list(range(len(greedy["acceptance_by_position"])))
     right.bar([p - 0.2 for p in positions], greedy["acceptance_by_position"], 0.4, label="greedy")
     right.bar([p + 0.2 for p in positions], sampled["acceptance_by_position"], 0.4, label=f"T={config.temperature}")
-    right.set(xlabel="draft position", ylabel="acceptance rate", xticks=positions, title=f"EAGLE-3 acceptance, k={top}")
+    right.set(
+        xlabel="draft position",
+        ylabel="acceptance rate",
+        xticks=positions,
+        title=f"{METHOD_NAMES[draft]} acceptance, k={top}",
+    )
     right.legend()
     _save(plt, figure, root / EVAL_FIGURE)
 
@@ -100,25 +108,26 @@ def _figure(cell: str | float) -> float:
     return 0 if isinstance(cell, str) else cell
 
 
-def write_benchmark_plots(root: Path, sets: dict[str, dict[str, Any]], k: int) -> None:
-    """metrics/eval/benchmarks.csv and reports/eval_benchmarks.png: per prompt set, greedy, at the headline k."""
+def write_benchmark_plots(root: Path, sets: dict[str, dict[str, Any]], draft: str, k: int) -> None:
+    """metrics/eval/benchmarks.csv and reports/eval_benchmarks.png: per prompt set, greedy, at the headline k, the
+    draft (of method `draft`) beside ngram."""
     # One row per prompt set: its name, then each method's figure and interval, "" where not measured.
     rows: list[list[str | float]] = []
     for name, entry in sets.items():
         cells: list[str | float] = [name]
-        for method in ("eagle3", "ngram"):
+        for method in (draft, "ngram"):
             found = find_run(entry["results"], method, k, 0.0)
             interval = (found or {}).get("tokens_per_step_ci95") or ["", ""]
             cells += [found["tokens_per_step"] if found else "", *interval]
         rows.append(cells)
-    header = "benchmark,eagle3_greedy,eagle3_low,eagle3_high,ngram_greedy,ngram_low,ngram_high"
+    header = "benchmark,draft_greedy,draft_low,draft_high,ngram_greedy,ngram_low,ngram_high"
     write_text(
         root / EVAL_PLOTS_DIR / "benchmarks.csv", "\n".join([header] + [",".join(map(str, r)) for r in rows]) + "\n"
     )
 
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(max(5, 1.6 * len(rows)), 4))
-    for offset, (method, first) in ((-0.2, ("eagle3", 1)), (0.2, ("ngram", 4))):
+    for offset, (method, first) in ((-0.2, (draft, 1)), (0.2, ("ngram", 4))):
         if all(r[first] == "" for r in rows):
             continue  # not measured: no bars rather than bars of height 0
         values = [_figure(r[first]) for r in rows]

@@ -32,6 +32,7 @@ from eagle3.errors import Eagle3Error
 from eagle3.files import dumps, read_json, write_text
 from eagle3.formats.benchmarks import read_benchmarks
 from eagle3.formats.eval_metrics import read_eval_metrics
+from eagle3.formats.exported_method import aux_layer_ids, aux_layer_key
 from eagle3.formats.prepared import read_card
 from eagle3.formats.provenance import (
     describe_model_dir,
@@ -155,11 +156,10 @@ def licensed_inputs(inputs: dict[str, Any]) -> list[licenses.LicensedInput]:
 def read_draft_config(root: Path) -> dict[str, Any]:
     path = root / DRAFT_DIR / "config.json"
     config = read_json(path, "a card needs the exported draft: run the export stage (`dvc repro`) first")
-    if not (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
+    if not aux_layer_ids(config):
         raise Eagle3Error(
-            f"{path.as_posix()}: eagle_config.eagle_aux_hidden_state_layer_ids missing; vLLM would silently use the "
-            "wrong "
-            "layers; re-export the draft"
+            f"{path.as_posix()}: {aux_layer_key(config)} missing; vLLM would silently use the wrong layers; re-export "
+            "the draft"
         )
     return config
 

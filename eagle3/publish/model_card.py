@@ -14,19 +14,26 @@ import jinja2
 import yaml
 
 from eagle3.formats.eval_metrics import EvalMetrics, Figures
+from eagle3.formats.exported_method import aux_layer_ids
 from eagle3.params.report import ReportParams
+from eagle3.params.train import METHOD_NAMES
 from eagle3.paths import DRAFT_DIR, SPECULATORS_DRAFT_DIR
 from eagle3.publish import licenses
 from eagle3.publish.environment_summary import summary
 from eagle3.publish.lineage_markdown import benchmark_digest, benchmark_source, training_states_line
 
 TEMPLATE = "model_card.md.j2"
-TAGS = ["eagle3", "speculative-decoding", "vllm"]
+TAGS = ["speculative-decoding", "vllm"]
 _EVAL_DATASET = {"type": "heldout", "name": "held-out prompts (data/prepared/heldout.parquet)", "split": "heldout"}
+# What the card's first line says the draft is, per method.
+_WHAT = {
+    "eagle3": "An [EAGLE-3](https://arxiv.org/abs/2503.01840) speculative-decoding draft",
+    "dflash": "A DFlash block speculative-decoding draft (one draft forward proposes a whole block of tokens)",
+}
 
 
-def serve_command(verifier: dict[str, Any], draft: str, num_speculative_tokens: int) -> str:
-    speculative = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": num_speculative_tokens})
+def serve_command(verifier: dict[str, Any], draft: str, method: str, num_speculative_tokens: int) -> str:
+    speculative = json.dumps({"method": method, "model": draft, "num_speculative_tokens": num_speculative_tokens})
     trust = " --trust-remote-code" if verifier.get("trust_remote_code") else ""
     return f"vllm serve {verifier['name']}{trust} --speculative-config '{speculative}'"
 
@@ -37,11 +44,13 @@ def _metric(kind: str, name: str, value: float) -> dict[str, Any]:
 
 def metadata(lineage: dict[str, Any], evaluation: EvalMetrics, title: str) -> dict[str, Any]:
     verifier, datasets = lineage["inputs"]["verifier"], lineage["inputs"]["datasets"]
-    headline = evaluation.headline
+    headline, method = evaluation.headline, evaluation.draft_method
     k = headline.k
     metrics = [
         _metric(
-            "tokens_per_step", f"tokens per verifier step (EAGLE-3, k={k}, greedy)", headline.tokens_per_step_greedy
+            "tokens_per_step",
+            f"tokens per verifier step ({METHOD_NAMES[method]}, k={k}, greedy)",
+            headline.tokens_per_step_greedy,
         )
     ]
     if headline.ngram_tokens_per_step_greedy is not None:
@@ -52,7 +61,7 @@ def metadata(lineage: dict[str, Any], evaluation: EvalMetrics, title: str) -> di
                 headline.ngram_tokens_per_step_greedy,
             )
         )
-    draft_run = evaluation.greedy_run("eagle3", k)
+    draft_run = evaluation.greedy_run(method, k)
     if draft_run and draft_run.mean_acceptance_length is not None:
         metrics.append(
             _metric(
@@ -74,7 +83,7 @@ def metadata(lineage: dict[str, Any], evaluation: EvalMetrics, title: str) -> di
         # The Hub's `datasets` takes hub ids only; training_data pins every input (revision or sha256).
         "datasets": [item["dataset"] for item in datasets if item.get("kind") == "hf"],
         "training_data": training_data,
-        "tags": TAGS,
+        "tags": [method, *TAGS],
         "pipeline_tag": "text-generation",
         "model-index": [
             {
@@ -121,9 +130,9 @@ def measured_with(environment: dict[str, Any]) -> str:
 
 
 def benchmark_rows(metrics: EvalMetrics, benchmarks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The published drafts' table: per prompt set, the draft's figures at the headline k (chain drafting), greedy
-    and sampled, with n-gram's beside them."""
-    k = metrics.headline.k
+    """The published drafts' table: per prompt set, the draft's figures at the headline k, greedy and sampled, with
+    n-gram's beside them."""
+    k, method = metrics.headline.k, metrics.draft_method
     licenses_by_name = {b["name"]: b.get("license") for b in benchmarks}
     sets: dict[str, Sequence[Figures]] = {
         "heldout": metrics.runs,
@@ -134,7 +143,7 @@ def benchmark_rows(metrics: EvalMetrics, benchmarks: list[dict[str, Any]]) -> li
         sets[probe] = metrics.long_context.results
     rows = []
     for label, results in sets.items():
-        for draft in (r for r in results if r.method == "eagle3" and r.k == k):
+        for draft in (r for r in results if r.method == method and r.k == k):
             ngram = next(
                 (r for r in results if r.method == "ngram" and r.k == k and r.temperature == draft.temperature), None
             )
@@ -163,9 +172,10 @@ def render(
     num_speculative_tokens: int,
 ) -> str:
     verifier, inputs = lineage["inputs"]["verifier"], lineage["inputs"]
-    title = config.draft_repo or f"{verifier['name'].split('/')[-1]}-EAGLE3"
+    method = metrics.draft_method
+    title = config.draft_repo or f"{verifier['name'].split('/')[-1]}-{METHOD_NAMES[method].replace('-', '')}"
     draft = config.draft_repo or DRAFT_DIR.as_posix()
-    draft_runs = [run for run in metrics.runs if run.method == "eagle3"]
+    draft_runs = [run for run in metrics.runs if run.method == method]
     compared = [run for run in draft_runs if run.lossless_identical is not None]
     benchmarks = inputs.get("benchmarks") or []
     published = (DRAFT_DIR.as_posix(), SPECULATORS_DRAFT_DIR.as_posix())
@@ -183,9 +193,11 @@ def render(
         front=yaml.safe_dump(metadata(lineage, metrics, title), sort_keys=False, allow_unicode=True),
         title=title,
         verifier=verifier,
-        serve=serve_command(verifier, draft, num_speculative_tokens),
+        serve=serve_command(verifier, draft, method, num_speculative_tokens),
+        what=_WHAT[method],
+        method=method,
         draft_config=draft_config,
-        aux_ids=draft_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+        aux_ids=aux_layer_ids(draft_config),
         speculators_dir=SPECULATORS_DRAFT_DIR.as_posix(),
         files=[
             (path, artifact)

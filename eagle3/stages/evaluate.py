@@ -1,7 +1,8 @@
 """Stage `evaluate`: what users judge a draft by, measured inside vLLM on held-out prompts.
 
 Configurations, all on the same prompts: the verifier alone (`none`, the lossless reference); the exported draft
-(`eagle3`) and vLLM's `ngram` proposer (the baseline to beat) at each k. Each runs greedy, and at
+(`eagle3`, a chain draft, at each k; `dflash`, a block draft, at its block size less one) and vLLM's `ngram` proposer
+(the baseline to beat) at each k. Each runs greedy, and at
 `evaluate.temperature` where `evaluate.sampled_at` says (`none` always, the headline k by default).
 Two backends measure them alike: `engines` starts a fresh in-process vLLM engine per configuration
 (eagle3/engines/speculative.py; `evaluate.methods` x `num_speculative_tokens` choose which, so a GPU user can run
@@ -52,12 +53,14 @@ from eagle3.errors import Eagle3Error
 from eagle3.files import write_json
 from eagle3.formats.eval_metrics import EvalMetrics
 from eagle3.formats.evaluation_kept import OFFLINE_ESTIMATE, KeptEvaluation, KeptItem, item_name
-from eagle3.formats.exported_dflash import is_dflash
+from eagle3.formats.exported_method import exported_method
+from eagle3.formats.hf_config import read_config
 from eagle3.formats.provenance import TEXT_IDENTITY, Provenance, read_provenance, verifier_dir
 from eagle3.formats.synthetic import generated_template_kwargs, iter_records
 from eagle3.hashing import sha256_bytes, sha256_file
 from eagle3.params.base import StageParams, pinned_settings
 from eagle3.params.evaluate import EvaluateParams
+from eagle3.params.train import DRAFT_METHODS, METHOD_NAMES
 from eagle3.paths import DRAFT_DIR, EVAL_METRICS, EVALUATION_KEPT_DIR, HIDDEN_INDEX
 from eagle3.progress import status
 from eagle3.publish.evaluation_plots import find_run, pick_run, results_by_set, write_benchmark_plots, write_plots
@@ -139,7 +142,7 @@ def _configuration_settings(
         assert config.servers is not None
         endpoint = next(e for e in config.servers.endpoints if (e.serves, e.k) == (method, k))
         settings["endpoint"] = {"model": endpoint.model, "serves": endpoint.serves, "k": endpoint.k}
-    if method == "eagle3":
+    if method in DRAFT_METHODS:
         settings["draft"] = draft
     if method == "ngram":
         settings["ngram"] = pinned_settings(config.ngram)
@@ -231,19 +234,21 @@ def selected_items(options: argparse.Namespace | None, names: Iterable[str]) -> 
     return only
 
 
-def refuse_a_block_draft(root: Path) -> None:
-    if is_dflash(root / DRAFT_DIR):
+def check_exported_method(root: Path, config: EvaluateParams) -> None:
+    """The exported draft is of the method the params evaluate (a stale export of the other method, say)."""
+    exported = exported_method(read_config(root / DRAFT_DIR))
+    if exported != config.draft_method:
         raise Eagle3Error(
-            f"{DRAFT_DIR}: a DFlash block draft; evaluate measures EAGLE-3 drafts only so far. Serve it with vLLM's "
-            "`method: dflash` (docs/pipeline.md, export) or set train.draft_method eagle3"
+            f"{DRAFT_DIR}: a {METHOD_NAMES[exported]} draft, but evaluate measures {config.draft_method}; rerun "
+            "`dvc repro export` with the params' train.draft_method"
         )
 
 
 def run(params: Params, root: Path, options=None) -> None:
     config = params.evaluate
-    refuse_a_block_draft(root)
     provenance = read_provenance(root)
     draft = exported_draft_sha256(root)
+    check_exported_method(root, config)
     heldout, *benchmark_sets = prompt_sets(root, config)
     # Asked as generate asked for the training answers (e.g. a template's thinking switch).
     template_kwargs = generated_template_kwargs(root)
@@ -357,8 +362,8 @@ def write_metrics(
                     )
             if long_context is not None:
                 long_context["results"].append(summarize(method, k, outcome, units[-1], compared, config.seed))
-    k = config.headline_k
-    draft_greedy = pick_run(runs, "eagle3", k, 0.0)
+    k, method = config.headline_k, config.draft_method
+    draft_greedy = pick_run(runs, method, k, 0.0)
     ngram_greedy = find_run(runs, "ngram", k, 0.0)
     identical = draft_greedy["lossless_identical"]
     prompts = len(heldout.conversations)
@@ -367,7 +372,7 @@ def write_metrics(
         "tokens_per_step_greedy": draft_greedy["tokens_per_step"],
         "ngram_tokens_per_step_greedy": ngram_greedy["tokens_per_step"] if ngram_greedy else None,
         "lossless_greedy": f"{identical}/{prompts}" if identical is not None else None,
-        "benchmarks": {name: _headline(entry["results"], k) for name, entry in by_set.items()},
+        "benchmarks": {name: _headline(entry["results"], method, k) for name, entry in by_set.items()},
     }
     records = [record for _, _, _, record in measured]
     dtype = measured_dtype(config)
@@ -405,10 +410,11 @@ def write_metrics(
     )
     write_json(root / EVAL_METRICS, metrics.as_json())
     write_plots(root, runs, config)
-    write_benchmark_plots(root, results_by_set(runs, by_set), k)
+    write_benchmark_plots(root, results_by_set(runs, by_set), method, k)
     ngram_words = f" vs {headline['ngram_tokens_per_step_greedy']} with ngram" if ngram_greedy else ""
     status(
-        f"evaluate: k={k} greedy: {headline['tokens_per_step_greedy']} tokens per verifier step with the draft"
+        f"evaluate: k={k} greedy: {headline['tokens_per_step_greedy']} tokens per verifier step with the "
+        f"{METHOD_NAMES[method]} draft"
         f"{ngram_words}; lossless {headline['lossless_greedy'] or 'not measured (no reference run)'}; "
         f"offline estimate {offline['tokens_per_step']}"
     )
@@ -435,8 +441,8 @@ def _answers(conversations: list[dict[str, Any]], completions: list[dict[str, An
     return [[texts[(i, t)] for t in range(len(c["later"]))] for i, c in enumerate(conversations)]
 
 
-def _headline(results: list[dict[str, Any]], k: int) -> dict[str, Any]:
-    draft, ngram = find_run(results, "eagle3", k, 0.0), find_run(results, "ngram", k, 0.0)
+def _headline(results: list[dict[str, Any]], method: str, k: int) -> dict[str, Any]:
+    draft, ngram = find_run(results, method, k, 0.0), find_run(results, "ngram", k, 0.0)
     return {
         "mean_acceptance_length": draft["mean_acceptance_length"] if draft else None,
         "mean_acceptance_length_ci95": draft["mean_acceptance_length_ci95"] if draft else None,

@@ -22,25 +22,26 @@ from eagle3.training.soft_cross_entropy import soft_cross_entropy
 
 def anchor_positions(batch: dict[str, torch.Tensor], count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, N] anchor positions, [B, N] which are real) for `count` anchors per sequence (N = count; sequences with
-    fewer eligible positions pad with position 1, not real)."""
+    fewer eligible positions pad with position 1, not real). Tensor operations only, no value read back: the same on
+    fake tensors (the memory estimate) and without a device sync on a GPU."""
     ids, loss_mask = batch["input_ids"], batch["loss_mask"]
-    batch_size, tokens = ids.shape
+    tokens = ids.shape[1]
     eligible = torch.zeros_like(loss_mask)
     eligible[:, 1 : tokens - 1] = loss_mask[:, 2:]  # the token after p is an answer token; p > 0
-    anchors = torch.ones(batch_size, count, dtype=torch.long, device=ids.device)
-    real = torch.zeros(batch_size, count, dtype=torch.bool, device=ids.device)
-    for row in range(batch_size):
-        positions = eligible[row].nonzero().flatten()
-        if not len(positions):
-            continue
-        taken = min(count, len(positions))
-        stride = len(positions) / taken
-        # An offset within the first stride that the sequence itself decides: anchors differ between sequences.
-        offset = int(ids[row, : min(tokens, 16)].sum()) % max(1, int(stride))
-        picks = (offset + torch.arange(taken, device=ids.device) * stride).long().clamp(max=len(positions) - 1)
-        anchors[row, :taken] = positions[picks]
-        real[row, :taken] = True
-    return anchors, real
+    found = eligible.sum(1)  # [B]
+    taken = found.clamp(max=count)
+    # Evenly spaced over the eligible positions: pick j is the floor(offset + j * stride)-th of them, stride in
+    # float32 as the picks are computed.
+    stride = (found.double() / taken.clamp(min=1).double()).float()
+    # An offset within the first stride that the sequence itself decides: anchors differ between sequences.
+    offset = ids[:, : min(tokens, 16)].sum(1) % stride.double().floor().long().clamp(min=1)
+    slots = torch.arange(count, device=ids.device)
+    picks = (offset[:, None] + slots * stride[:, None]).long().clamp(max=(found - 1).clamp(min=0)[:, None])
+    # The pick-th eligible position: where the running count of eligible positions first exceeds pick.
+    running = eligible.long().cumsum(1)
+    anchors = torch.searchsorted(running, picks + 1)
+    real = slots[None, :] < taken[:, None]
+    return torch.where(real, anchors, torch.ones_like(anchors)), real
 
 
 class DFlashObjective(nn.Module):

@@ -8,7 +8,9 @@ graph's included) is alive: on real tensors it is the CPU's missing allocator st
 (eagle3/training/objective.py, eagle3/training/optimizers.py) on fake tensors, and runs the real `train_step` once,
 the optimizer's state already made as in every step after the first. The batch is made here: the loss mask leaves
 out the first ttt_steps + 1 positions of each sequence, so every TTT step counts the same T - ttt_steps - 1
-positions per sequence and the one data-dependent op, `nonzero`, is answered with that count (`KnownNonzero`).
+positions per sequence and the one data-dependent op, `nonzero`, is answered with that count (`KnownNonzero`). A
+DFlash block draft (train.draft_method dflash) steps its own objective (eagle3/training/dflash_objective.py), its
+`ttt_steps` the block's B - 1 predicted slots: every anchor's every slot counts, the costliest case.
 What one process holds at the step's peak (`StepMemory`):
 
     weights, optimizer   the draft's fp32 parameters and the optimizer's state (AdamW: two moments; muon: one
@@ -38,9 +40,11 @@ from torch.utils._pytree import tree_leaves
 from eagle3.errors import Eagle3Error
 from eagle3.formats.hf_config import text_config
 from eagle3.formats.provenance import default_aux_layer_ids
-from eagle3.modeling.draft import DraftConfig, Eagle3Draft
+from eagle3.modeling.dflash import DFlashConfig, DFlashDraft
+from eagle3.modeling.draft import Eagle3Draft
 from eagle3.modeling.drafts import AnyDraftConfig, training_config
 from eagle3.params.train import TrainParams
+from eagle3.training.dflash_objective import DFlashObjective
 from eagle3.training.distributed import Dist
 from eagle3.training.objective import Objective, train_step
 from eagle3.training.optimizers import make_optimizer
@@ -84,22 +88,23 @@ class PeakBytes(TorchDispatchMode):
 
 
 class KnownNonzero(TorchDispatchMode):
-    """Answers `nonzero` of a [rows, tokens] mask with `count` positions per row: what the estimator's batch
-    holds, which fake tensors cannot know."""
+    """Answers `nonzero` of a 2-D mask with `counts[shape]` true entries per row: what the estimator's masks hold
+    ([rows, tokens] per TTT step; a block draft's [rows, anchors] per slot), which fake tensors cannot know."""
 
-    def __init__(self, rows: int, tokens: int, count: int):
+    def __init__(self, counts: dict[tuple[int, int], int]):
         super().__init__()
-        self.shape, self.count = (rows, tokens), count
+        self.counts = counts
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.nonzero.default:
-            if tuple(args[0].shape) != self.shape:
-                raise RuntimeError(f"nonzero of a {list(args[0].shape)} tensor: only the {list(self.shape)} masks")
-            return torch.empty((self.shape[0] * self.count, 2), dtype=torch.int64, device=args[0].device)
+            shape = tuple(args[0].shape)
+            if shape not in self.counts:
+                raise RuntimeError(f"nonzero of a {list(shape)} tensor: only of masks shaped {sorted(self.counts)}")
+            return torch.empty((shape[0] * self.counts[shape], 2), dtype=torch.int64, device=args[0].device)
         return func(*args, **(kwargs or {}))
 
 
-def sample_batch(config: DraftConfig, rows: int, tokens: int, ttt_steps: int) -> dict[str, torch.Tensor]:
+def sample_batch(config: AnyDraftConfig, rows: int, tokens: int, ttt_steps: int) -> dict[str, torch.Tensor]:
     """A batch as the train stage's collate makes it, whose loss mask leaves out the first ttt_steps + 1 positions
     (every TTT step then counts tokens - ttt_steps - 1 per sequence); random ids and states."""
     generator = torch.Generator().manual_seed(0)
@@ -118,21 +123,37 @@ def counted_positions(tokens: int, ttt_steps: int) -> int:
 
 
 def make_objective_for(
-    config: DraftConfig, ttt_steps: int, recompute: str, precision: str, device: str | torch.device = "cpu"
-) -> Objective:
+    config: AnyDraftConfig,
+    ttt_steps: int,
+    recompute: str,
+    precision: str,
+    device: str | torch.device = "cpu",
+    anchors: int = TrainParams().dflash.anchors,
+) -> Objective | DFlashObjective:
     """The objective as make_objective builds it, from random weights: every token in the draft vocab (every
-    position counts, the costliest case), the head in the training precision. Built on `device` directly: at
-    Kimi-K2.5's shape the draft and the verifier's embedding are ~6 GB, too slow to make on a CPU and copy."""
+    position counts, the costliest case), the head in the training precision; a block draft's with `anchors`
+    blocks per sequence (its ttt_steps are its block's predicted slots; it recomputes nothing). Built on `device`
+    directly: at Kimi-K2.5's shape the draft and the verifier's embedding are ~6 GB, too slow to make on a CPU and
+    copy."""
     generator = torch.Generator(device=device).manual_seed(1)
     hidden = config.hidden_size
     with torch.device(device):
+        embed = torch.randn(config.vocab_size, hidden, generator=generator).to(torch.bfloat16)
+        head = torch.randn(config.draft_vocab_size, hidden, generator=generator).to(getattr(torch, precision))
+        t2d = torch.ones(config.vocab_size, dtype=torch.bool)
+        if isinstance(config, DFlashConfig):
+            if (ttt_steps, recompute) != (config.block_size - 1, "off"):
+                raise ValueError(
+                    f"a block of {config.block_size} trains {config.block_size - 1} slots, recomputing off"
+                )
+            decay = TrainParams().dflash.slot_weight
+            draft = DFlashDraft(config)
+            return DFlashObjective(draft, embed=embed, draft_lm_head=head, t2d=t2d, anchors=anchors, decay=decay)
         return Objective(
             Eagle3Draft(config),
-            embed=torch.randn(config.vocab_size, hidden, generator=generator).to(torch.bfloat16),
-            draft_lm_head=torch.randn(config.draft_vocab_size, hidden, generator=generator).to(
-                getattr(torch, precision)
-            ),
-            t2d=torch.ones(config.vocab_size, dtype=torch.bool),
+            embed=embed,
+            draft_lm_head=head,
+            t2d=t2d,
             ttt_steps=ttt_steps,
             step_weight=TrainParams().step_weight,
             recompute=recompute,
@@ -188,18 +209,19 @@ class Estimator:
 
     def __init__(
         self,
-        config: DraftConfig,
+        config: AnyDraftConfig,
         ttt_steps: int,
         precision: str = "bfloat16",
         optimizer: str = "adamw",
         freeze_lm_head: bool = False,
+        anchors: int = TrainParams().dflash.anchors,
     ):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        self.config, self.ttt_steps, self.precision = config, ttt_steps, precision
+        self.config, self.ttt_steps, self.precision, self.anchors = config, ttt_steps, precision, anchors
         self.fake = FakeTensorMode()
         with self.fake:
-            self.objective = make_objective_for(config, ttt_steps, "off", precision)
+            self.objective = make_objective_for(config, ttt_steps, "off", precision, anchors=anchors)
             self.objective.draft.lm_head.weight.requires_grad_(not freeze_lm_head)
             self.optimizer = make_optimizer(self.objective.draft, TrainParams(optimizer=optimizer))
             # The optimizer makes its state at its first step; every later step starts with it.
@@ -217,8 +239,11 @@ class Estimator:
             batch = sample_batch(self.config, rows, tokens, self.ttt_steps)
             self.objective.recompute = recompute
             existing = [*self.objective.parameters(), *self.objective.buffers(), *self.states, *batch.values()]
-            count = counted_positions(tokens, self.ttt_steps)
-            with KnownNonzero(rows, tokens, count), PeakBytes(existing) as meter:
+            if isinstance(self.objective, DFlashObjective):
+                counts = {(rows, self.anchors): self.anchors}
+            else:
+                counts = {(rows, tokens): counted_positions(tokens, self.ttt_steps)}
+            with KnownNonzero(counts), PeakBytes(existing) as meter:
                 train_step(self.objective, self.objective, self.optimizer, [batch], Dist(), 1.0, self.precision)
         return _bytes(batch.values()), meter.peak
 
