@@ -154,6 +154,8 @@ def test_the_objective_is_the_plain_soft_cross_entropy_of_every_block_slot():
 
     anchors, real = anchor_positions(batch, 6)
     features = draft(batch["input_ids"], batch["aux"], anchors, objective.embed)
+    # The verifier's next-token distribution at every position, over the draft vocab.
+    verifier = (batch["final"] @ head.T).float().softmax(-1)
     plain = 0.0
     for slot in range(1, 4):
         terms = []
@@ -169,7 +171,7 @@ def test_the_objective_is_the_plain_soft_cross_entropy_of_every_block_slot():
                 ):
                     continue
                 log_q = torch.log_softmax(draft.logits(features[row, n, slot]).float(), -1)
-                terms.append(-(probs[row, target - 1] * log_q).sum())
+                terms.append(-(verifier[row, target - 1] * log_q).sum())
         assert len(terms) == int(masks[slot - 1].sum()) > 0
         plain = plain + 0.7 ** (slot - 1) * torch.stack(terms).sum() / len(terms)
     torch.testing.assert_close(loss, plain, rtol=1e-5, atol=1e-5)

@@ -659,9 +659,17 @@ def test_report_params_errors_name_the_key(tmp_path, report, message):
         ),
         (lambda m: m["headline"].pop("ngram_tokens_per_step_greedy"), "headline.ngram_tokens_per_step_greedy: Field"),
         (lambda m: m["runs"][2].update(tokens_per_step_ci95=[1.5]), "runs.2.tokens_per_step_ci95: List should have"),
-        (lambda m: m["runs"][0].update(method="medusa"), "runs.0.method: Input should be 'none', 'eagle3' or"),
+        (
+            lambda m: m["runs"][0].update(method="medusa"),
+            "runs.0.method: Input should be 'none', 'eagle3', 'dflash' or 'ngram'",
+        ),
         (lambda m: m["lossless"].update(agreement=1.0), "lossless.agreement: Extra inputs are not permitted"),
-        (lambda m: m["runs"].pop(2), "runs: no greedy eagle3 run at k=3"),
+        (lambda m: m["runs"].pop(2), "runs: one draft method expected (eagle3, dflash), got []"),
+        (lambda m: m["runs"][2].update(k=5), "runs: no greedy eagle3 run at k=3"),
+        (
+            lambda m: m["runs"][0].update(method="dflash"),
+            "runs: one draft method expected (eagle3, dflash), got ['dflash', 'eagle3']",
+        ),
         (lambda m: m.update(later_turns_follow="the dataset's"), "later_turns_follow: Input should be"),
     ],
 )

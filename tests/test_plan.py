@@ -762,3 +762,41 @@ def test_a_block_draft_is_sized_and_priced_as_the_trainer_builds_it():
     assert line.fixed_bytes > 12 * figures.parameters and line.bytes_per_token > 0
     chain_memory = estimate(KIMI_K2_5_TEXT_CONFIG, vocab, 7, 8, "ddp", draft_settings(TrainParams()))
     assert chain_memory.lines is not None and chain_memory.lines["off"] != line
+
+
+def test_training_flops_per_token_are_the_hand_count_of_each_draft_s_step():
+    """What the plan scales the measured chain-draft rate by for a block draft: 2 x 3 FLOPs per trained weight a
+    token passes through, 2 per verifier head row; a block draft's blocks amortised over the sample's tokens."""
+    import torch
+
+    from eagle3.modeling.drafts import draft_for
+    from eagle3.params.train import TrainParams
+    from eagle3.plan.memory import training_matmul_flops
+    from eagle3.training.memory import draft_config_for
+
+    verifier = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "num_hidden_layers": 8,
+        "vocab_size": 100,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,
+    }
+    block = TrainParams(draft_method="dflash", dflash={"layers": 2, "block_size": 4})
+    with torch.device("meta"):
+        chain_draft = draft_for(draft_config_for(verifier, 50))
+        block_draft = draft_for(draft_config_for(verifier, 50, block))
+    fc, head = 3 * 64 * 64, 50 * 64
+    mlp = 3 * 64 * 128
+    # The chain draft's layer reads [embedding; feature] (2 x 64) into 4 x 16 queries and 2 x 16 keys and values.
+    chain_layer = 128 * 64 + 2 * 128 * 32 + 64 * 64 + mlp
+    assert training_matmul_flops(chain_draft, 3, 0, 60) == 6 * (fc + 3 * (chain_layer + head)) + 2 * head
+    block_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + mlp
+    context = fc + 2 * (2 * 64 * 32)  # fc, then each layer's keys and values of every token
+    blocks = 6 * (4 * 2 * block_layer + 3 * head)  # 6 anchors of 4 queries through 2 layers, head on 3 slots
+    assert training_matmul_flops(block_draft, 0, 6, 60) == pytest.approx(6 * (context + blocks / 60) + 2 * head)
+    # Fewer tokens than anchors: one block per token at most.
+    assert training_matmul_flops(block_draft, 0, 600, 60) == training_matmul_flops(block_draft, 0, 60, 60)

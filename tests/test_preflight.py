@@ -325,3 +325,23 @@ def test_a_sample_too_long_for_the_device_gives_the_longest_per_setting_confirme
     assert item.figures["measured_tokens"] == configured and item.figures["tokens_per_s"] > 0
     assert str(problem.value).endswith(f"tokens (estimated; {configured:,} confirmed by real steps)")
     assert f"a {tokens:,}-token sample needs" in str(problem.value)
+
+
+@pytest.mark.slow
+def test_a_block_draft_s_training_step_is_timed_and_vllm_serves_it(verifier_project, tmp_path):
+    """train.draft_method dflash: the training item steps the block draft's objective (no recompute settings to
+    weigh), the serving item serves a block draft of the configured shape with vLLM's `dflash` method."""
+    params = smoke_params()
+    params["train"] |= {"draft_method": "dflash", "dflash": {"layers": 1, "block_size": 4, "anchors": 16}}
+    params["evaluate"]["methods"] = ["none", "dflash", "ngram"]
+    root = copy_project(verifier_project, tmp_path / "block", params)
+    out = tmp_path / "preflight.json"
+    result = eagle3(root, "preflight", "--out", str(out), "--only", "training", "serving", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    items = json.loads(out.read_text())["items"]
+    training, serving = items["training"], items["serving"]
+    assert (training["status"], serving["status"]) == ("ready", "ready")
+    assert training["figures"]["ttt_steps"] == 3 and list(training["figures"]["estimated_peak_bytes"]) == ["off"]
+    assert training["figures"]["draft"]["block_size"] == 4 and training["figures"]["tokens_per_s"] > 0
+    assert serving["figures"]["num_drafts"] > 0 and "dflash k=3" in serving["how"]["start_and_generate_seconds"]
+    assert serving["figures"]["draft"].startswith("a draft of the configured shape with random weights")

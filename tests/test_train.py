@@ -132,10 +132,12 @@ def _rewound(source, root, step, params):
     return root
 
 
-def test_two_processes_match_one_and_resume_across_process_counts(extracted_real, tmp_path):
+@pytest.mark.parametrize("method", [{}, BLOCK_DRAFT], ids=["eagle3", "dflash"])
+def test_two_processes_match_one_and_resume_across_process_counts(extracted_real, tmp_path, method):
     # A token budget the longest samples fill alone: those steps leave the second process an empty share.
     longest = int(HiddenStateDataset(split_shards(extracted_real, "train")).lengths.max())
     settings = {
+        **method,
         "epochs": 2,
         "precision": "float32",
         "log_every": 1,

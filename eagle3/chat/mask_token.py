@@ -4,9 +4,14 @@ not hold: one of the tokenizer's special tokens that is none of bos, eos, pad an
 writes (a special token is then in a conversation only where its text spells the token out). Of those, the highest id:
 tokenizers list their reserved tokens last."""
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from eagle3.errors import Eagle3Error
+
+if TYPE_CHECKING:
+    from eagle3.formats.provenance import Provenance
+    from eagle3.params.train import TrainParams
 
 
 def _template_text(tokenizer: Any) -> str:
@@ -29,3 +34,16 @@ def unused_special_token(tokenizer: Any, vocab_size: int) -> tuple[int, str]:
             "unused; set mask_token_id to a token id its conversations never hold"
         )
     return candidates[-1]
+
+
+def configured_mask_token(root: Path, provenance: "Provenance", train: "TrainParams") -> int:
+    """The mask token the draft train.draft_method trains is shaped with: train.dflash.mask_token_id, else for a
+    block draft the verifier's unused special token (`unused_special_token`); 0 for a chain draft, which has none."""
+    if train.draft_method != "dflash":
+        return 0
+    if train.dflash.mask_token_id is not None:
+        return train.dflash.mask_token_id
+    from eagle3.chat.sequence_plan import load_tokenizer
+
+    token_id, _ = unused_special_token(load_tokenizer(root, provenance), provenance.vocab_size)
+    return token_id

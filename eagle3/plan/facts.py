@@ -121,11 +121,13 @@ class TrainMeasurement:
     tokens_per_s: float
     sample_tokens: int
     ttt_steps: int
+    draft_vocab: int
 
 
 # This project's draft trainer at Kimi-K2.5's shape on one GPU, bf16 autocast, fused AdamW, batch 1
-# (benchmarks/train_gpu.py), measured before its attention became linear in T (its memory: eagle3/plan/memory.py).
-TRAIN_MEASURED = TrainMeasurement("h200", 7134.0, 2048, 7)
+# (benchmarks/train_gpu.py: an EAGLE-3 draft, its default 32,000-token draft vocabulary), measured before its
+# attention became linear in T (its memory: eagle3/plan/memory.py).
+TRAIN_MEASURED = TrainMeasurement("h200", 7134.0, 2048, 7, 32000)
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ class DraftFigures:
     parameters: int  # every parameter it holds, trained or not
     trained_parameters: int
     checkpoint_bytes: int  # one checkpoint's tensors (eagle3/formats/checkpoints.py checkpoint_bytes)
-    served_bytes: int  # the exported draft: weights in bf16, d2t (int64) and t2d (bool)
+    served_bytes: int  # the exported draft: weights in bf16 and its vocabulary maps (int64 d2t, bool t2d: as exported)
     newton_schulz_flops: float  # one Muon step's orthogonalisation on each process; 0 for adamw
 
 

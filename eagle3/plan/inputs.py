@@ -39,6 +39,7 @@ from eagle3.plan.links import (
 from eagle3.plan.measured import CompressionRatio, Measured, compression_ratio, read_measurements
 from eagle3.plan.memory import (
     TrainMemory,
+    block_draft_train_rate,
     compute_train_memory,
     draft_figures,
     estimate,
@@ -110,7 +111,9 @@ def here_extraction_rate(
     return None, f"{_derived_words(here, args.mfu)} x share {args.here_share:g}{elsewhere}"
 
 
-def _train_source(args: argparse.Namespace, there: Machine, preflight: PreflightFigures) -> str:
+def _train_source(
+    args: argparse.Namespace, there: Machine, preflight: PreflightFigures, block_draft: str | None
+) -> str:
     if args.train_tokens_per_s is not None:
         return "--train-tokens-per-s per GPU"
     if preflight.train_tokens_per_s_per_gpu is not None:
@@ -120,7 +123,24 @@ def _train_source(args: argparse.Namespace, there: Machine, preflight: Preflight
         f"measured {TRAIN_MEASURED.tokens_per_s:,.0f} tokens/s on one {measured_gpu.name} "
         f"({TRAIN_MEASURED.sample_tokens:,}-token samples, {TRAIN_MEASURED.ttt_steps} TTT steps) x "
         f"{there.tflops:g} / {measured_gpu.bf16_tflops:g} TFLOP/s, {there.gpus} GPUs"
+        + (f"; a block draft: {block_draft}" if block_draft else "")
     )
+
+
+def _block_draft_rate(
+    args: argparse.Namespace,
+    there: Machine,
+    preflight: PreflightFigures,
+    drafted: dict[str, Any],
+    shape: dict[str, Any],
+    aux_layers: int,
+) -> tuple[float | None, str | None]:
+    """A block draft's training tokens/s per GPU where neither given nor measured (block_draft_train_rate)."""
+    given = args.train_tokens_per_s is not None or preflight.train_tokens_per_s_per_gpu is not None
+    if shape.get("draft_method") != "dflash" or given:
+        return None, None
+    rate, words = block_draft_train_rate(drafted, args.draft_vocab, shape, round(args.mean_tokens), aux_layers)
+    return rate * there.tflops / GPUS[TRAIN_MEASURED.gpu].bf16_tflops, words
 
 
 def collect_warnings(
@@ -277,6 +297,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
     drafted, draft_source = draft_config(verifier)
     aux_layers = args.layers - FINAL_LAYERS
     memory = estimate(drafted, args.draft_vocab, args.ttt_steps, there.gpus, args.sharding, shape, aux_layers)
+    block_rate, block_words = _block_draft_rate(args, there, there_preflight, drafted, shape, aux_layers)
     process_tokens = checked.max_tokens  # without params: one longest sample per GPU
     if configured.params is not None:
         train = configured.params.train
@@ -314,7 +335,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         ),
         "extract_there": extract_there,
         "extract_here": here_source,
-        "train": _train_source(args, there, there_preflight),
+        "train": _train_source(args, there, there_preflight, block_words),
         "optimizer_step": there_preflight.sources.get("optimizer_step", ""),
         "train_memory": memory.source,
         "cache_link": cache.source,
@@ -355,7 +376,7 @@ def inputs_from_args(args: argparse.Namespace, root: Path) -> Inputs:
         there_tokens_per_s=there_tokens_per_s,
         here_tokens_per_s=here_tokens_per_s,
         here_usd_per_hour=args.here_usd_per_hour,
-        train_tokens_per_s_per_gpu=args.train_tokens_per_s or there_preflight.train_tokens_per_s_per_gpu,
+        train_tokens_per_s_per_gpu=args.train_tokens_per_s or there_preflight.train_tokens_per_s_per_gpu or block_rate,
         optimizer=args.optimizer,
         samples_per_step=samples_per_step,
         optimizer_step_s=there_preflight.optimizer_step_s,

@@ -132,9 +132,72 @@ def draft_figures(
         parameters=parameters,
         trained_parameters=sum(p.numel() for p in draft.parameters() if p.requires_grad),
         checkpoint_bytes=checkpoint_bytes(draft, optimizer),
-        served_bytes=2 * parameters + 8 * draft_vocab + text_config(config)["vocab_size"],
+        served_bytes=2 * parameters
+        + _vocab_map_bytes(train.draft_method, draft_vocab, text_config(config)["vocab_size"]),
         newton_schulz_flops=newton_schulz_flops(draft) if train.optimizer == "muon" else 0.0,
     )
+
+
+def _vocab_map_bytes(method: str, draft_vocab: int, vocab: int) -> int:
+    """The exported vocabulary maps: an EAGLE-3 draft's d2t (int64) and t2d (bool); a block draft's d2t only where
+    its vocabulary is pruned (eagle3/formats/exported_dflash.py)."""
+    if method == "dflash":
+        return 8 * draft_vocab if draft_vocab < vocab else 0
+    return 8 * draft_vocab + vocab
+
+
+def training_matmul_flops(draft: Any, ttt_steps: int, anchors: int, tokens: int) -> float:
+    """Matmul FLOPs per sample token of one training step of `draft` (built on the meta device) on `tokens`-token
+    samples: 2 x 3 per trained weight a token passes through (the forward, and the backward's two products), 2 per
+    verifier head row (the soft targets, forward only). A chain draft passes each token through fc once and through
+    its layer and head at each of `ttt_steps`; a block draft projects every token into each layer's context keys and
+    values and runs min(anchors, tokens) blocks of block_size queries through its layers, its head on the predicted
+    slots. Attention's own products, linear in the context for both, are left out."""
+    from torch import nn
+
+    from eagle3.modeling.dflash import DFlashAttention, DFlashDraft
+
+    def weights(module: nn.Module) -> int:
+        return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+
+    head = draft.lm_head.weight.numel()
+    if isinstance(draft, DFlashDraft):
+        size, blocks = draft.config.block_size, min(anchors, tokens)
+        projected = [m for m in draft.layers.modules() if isinstance(m, DFlashAttention)]
+        context = draft.fc.weight.numel() + sum(m.k_proj.weight.numel() + m.v_proj.weight.numel() for m in projected)
+        trained = context + blocks * (size * weights(draft.layers) + (size - 1) * head) / tokens
+    else:
+        trained = draft.fc.weight.numel() + ttt_steps * (weights(draft.midlayer) + head)
+    return 6 * trained + 2 * head
+
+
+def block_draft_train_rate(
+    config: dict[str, Any], draft_vocab: int, shape: dict[str, Any], tokens: int, aux_layers: int | None
+) -> tuple[float, str]:
+    """A block draft's training tokens/s on TRAIN_MEASURED's GPU, from the measured chain draft's rate scaled by
+    the two steps' matmul FLOPs per token (`training_matmul_flops`, each draft built as the trainer builds it), and
+    the words saying so."""
+    import torch
+
+    from eagle3.modeling.drafts import draft_for
+    from eagle3.params.train import TrainParams
+    from eagle3.plan.facts import KIMI_K2_5_TEXT_CONFIG, TRAIN_MEASURED
+    from eagle3.training.memory import draft_config_for
+
+    train = TrainParams.model_validate(shape)
+    measured = TRAIN_MEASURED
+    with torch.device("meta"):
+        chain = draft_for(draft_config_for(KIMI_K2_5_TEXT_CONFIG, measured.draft_vocab))
+        block = draft_for(draft_config_for(config, draft_vocab, train, aux_layers))
+    ratio = training_matmul_flops(chain, measured.ttt_steps, 0, measured.sample_tokens) / training_matmul_flops(
+        block, 0, train.dflash.anchors, tokens
+    )
+    words = (
+        f"the chain draft's measured rate x {ratio:.3f}, the measured step's matmul FLOPs per token over this block "
+        f"draft's at {tokens:,}-token samples ({train.dflash.layers} layers, blocks of {train.dflash.block_size} at "
+        f"{train.dflash.anchors} anchors; estimated, not measured)"
+    )
+    return measured.tokens_per_s * ratio, words
 
 
 def _cached(path: Path) -> dict[str, MemoryLine] | None:

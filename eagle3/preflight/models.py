@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3.errors import Eagle3Error
+from eagle3.params.train import METHOD_NAMES
 from eagle3.preflight.items import GB, Context, Fix, Item, NotAvailable
 
 if TYPE_CHECKING:
     from eagle3.formats.provenance import Provenance
-    from eagle3.modeling.draft import DraftConfig
+    from eagle3.modeling.drafts import AnyDraftConfig
 
 # What the extraction item captures where the project has no regenerated conversations yet: real states of the
 # verifier for ordinary chat text (the compression ratio depends on the verifier's states, little on the words).
@@ -90,19 +91,27 @@ def check_verifier(context: Context, item: Item) -> None:
     item.how["chat_template_tokens"] = "a two-turn conversation rendered by its chat template and tokenized"
 
 
-def draft_config(context: Context) -> "DraftConfig":
+def draft_config(context: Context) -> "AnyDraftConfig":
+    """The draft train.draft_method trains here (a block draft's mask token chosen as the train stage chooses it)."""
+    from eagle3.chat.mask_token import configured_mask_token
     from eagle3.engines.hidden_states.base import layer_ids
     from eagle3.formats.hf_config import read_config
-    from eagle3.modeling.draft import DraftConfig
+    from eagle3.modeling.drafts import training_config
 
     params = context.params
     provenance, model_dir = ensure_verifier(context)
-    return DraftConfig.for_training(
+    return training_config(
         read_config(model_dir),
         layer_ids(params.extract, provenance)[:-1],
         min(params.vocab.draft_vocab_size, provenance.vocab_size),
         params.train,
+        configured_mask_token(context.root, provenance, params.train),
     )
+
+
+def trained_slots(train) -> int:
+    """What the training step unrolls: the chain draft's TTT steps, or the block draft's predicted slots."""
+    return train.dflash.block_size - 1 if train.draft_method == "dflash" else train.ttt_steps
 
 
 def _device_memory(device) -> tuple[int | None, str]:
@@ -130,9 +139,10 @@ def _steps(
     from eagle3.training.optimizers import make_optimizer
 
     params = context.params.train
-    objective = make_objective_for(config, params.ttt_steps, recompute, precision).to(device)
+    slots = trained_slots(params)
+    objective = make_objective_for(config, slots, recompute, precision, anchors=params.dflash.anchors).to(device)
     optimizer = make_optimizer(objective.draft, params)
-    batch = {k: v.to(device) for k, v in sample_batch(config, 1, tokens, params.ttt_steps).items()}
+    batch = {k: v.to(device) for k, v in sample_batch(config, 1, tokens, slots).items()}
     world = Dist(device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
@@ -166,24 +176,23 @@ def measure_training(context: Context, item: Item) -> None:
     from eagle3.training.objective import training_precision
 
     params = context.params
-    if params.train.draft_method == "dflash":
-        raise NotAvailable(
-            "the training step is measured for EAGLE-3 drafts only so far; train.draft_method dflash is not timed"
-        )
     ensure_verifier(context)
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     config = draft_config(context)
     precision = training_precision(params.train, device)
     tokens, recompute = params.extract.max_seq_len, params.train.activation_checkpointing
-    estimator = Estimator(config, params.train.ttt_steps, precision, params.train.optimizer)
-    steps = {setting: estimator.memory(tokens, setting) for setting in ("off", "mlp", "full")}
+    slots = trained_slots(params.train)
+    estimator = Estimator(config, slots, precision, params.train.optimizer, anchors=params.train.dflash.anchors)
+    # A block draft recomputes nothing (the train params refuse activation_checkpointing for it).
+    settings = ("off", "mlp", "full") if params.train.draft_method == "eagle3" else ("off",)
+    steps = {setting: estimator.memory(tokens, setting) for setting in settings}
     estimates = {setting: step.total for setting, step in steps.items()}
     memory, memory_source = _device_memory(device)
     item.figures.update(
         device=str(device),
         precision=precision,
         sample_tokens=tokens,
-        ttt_steps=params.train.ttt_steps,
+        ttt_steps=slots,
         activation_checkpointing=recompute,
         draft=config.to_json(),
         draft_parameters=sum(p.numel() for p in estimator.parameters),
@@ -196,13 +205,13 @@ def measure_training(context: Context, item: Item) -> None:
     )
     run_tokens = tokens
     if memory is not None and estimates[recompute] > memory:
-        longest = {setting: estimator.longest_within(memory, setting, tokens) for setting in ("off", "mlp", "full")}
+        longest = {setting: estimator.longest_within(memory, setting, tokens) for setting in settings}
         item.figures["longest_sample_tokens"] = longest
         item.how["longest_sample_tokens"] = (
             "estimated: the longest sample whose fake-tensor step of each setting fits the device's memory"
         )
         run_tokens = longest[recompute]
-        if run_tokens <= params.train.ttt_steps + 1:
+        if run_tokens <= slots + 1:
             raise Fix(
                 f"a {tokens:,}-token sample needs ~{estimates[recompute] / GB:,.1f} GB with activation_checkpointing "
                 f"{recompute}, more than the {memory / GB:,.1f} GB here, and no usable length fits"
@@ -341,21 +350,31 @@ def _draft_for_serving(context: Context) -> tuple[Path, str]:
     weights written to the scratch directory."""
     import torch
 
+    from eagle3.formats.exported_dflash import check_dflash, is_dflash, write_dflash
     from eagle3.formats.exported_draft import check_draft, write_drafts
+    from eagle3.modeling.dflash import DFlashConfig, DFlashDraft
     from eagle3.modeling.draft import Eagle3Draft
     from eagle3.paths import DRAFT_DIR
 
     provenance, model_dir = ensure_verifier(context)
     exported = context.root / DRAFT_DIR
-    if (exported / "config.json").is_file() and not check_draft(exported, model_dir):
+    check = check_dflash if context.params.train.draft_method == "dflash" else check_draft
+    exported_as_configured = is_dflash(exported) == (context.params.train.draft_method == "dflash")
+    if (exported / "config.json").is_file() and exported_as_configured and not check(exported, model_dir):
         return exported, f"the exported draft ({DRAFT_DIR})"
     config = draft_config(context)
     torch.manual_seed(0)
-    draft = Eagle3Draft(config)
     vocab = config.draft_vocab_size
     d2t = torch.zeros(vocab, dtype=torch.int64)  # draft id i is target id i
-    t2d = torch.arange(config.vocab_size) < vocab
     target = context.scratch / "draft"
+    random_weights = "a draft of the configured shape with random weights (no valid exported draft yet)"
+    if isinstance(config, DFlashConfig):
+        block = DFlashDraft(config)
+        block.init_weights(torch.Generator().manual_seed(0))
+        write_dflash(block, d2t, target, context.params.export.dtype)
+        return target, random_weights
+    draft = Eagle3Draft(config)
+    t2d = torch.arange(config.vocab_size) < vocab
     write_drafts(
         draft,
         d2t,
@@ -367,7 +386,7 @@ def _draft_for_serving(context: Context) -> tuple[Path, str]:
         verifier_name=provenance.name,
         verifier_architectures=provenance.architectures,
     )
-    return target, "a draft of the configured shape with random weights (no valid exported draft yet)"
+    return target, random_weights
 
 
 def installed_vllm() -> str | None:
@@ -388,8 +407,6 @@ def check_serving(context: Context, item: Item) -> None:
     version = installed_vllm()
     if version is None:
         raise NotAvailable("vLLM is not installed here (`make setup` installs the locked build)")
-    if context.params.train.draft_method == "dflash":
-        raise NotAvailable("serving is checked with EAGLE-3 drafts only so far; train.draft_method dflash is not")
     from eagle3.engines.vllm_env import on_cpu_build
 
     provenance, model_dir = ensure_verifier(context)
@@ -397,7 +414,7 @@ def check_serving(context: Context, item: Item) -> None:
     evaluate = context.params.evaluate
     draft_dir, draft_source = _draft_for_serving(context)
     mla = mla_in_vllm(model_dir, draft_dir)
-    k = context.params.export.num_speculative_tokens
+    k, method = context.params.export.num_speculative_tokens, context.params.train.draft_method
     engine = Engine(
         verifier=str(model_dir),
         max_model_len=min(evaluate.vllm.max_model_len, 1024),
@@ -412,9 +429,9 @@ def check_serving(context: Context, item: Item) -> None:
     prompts = [[{"role": "user", "content": "Count from one to twenty in words."}]]
     started = time.perf_counter()
     try:
-        (result,) = run(Request(engine, Speculation("eagle3", k, str(draft_dir)), prompts, [Sampling(0.0, 32)]))
+        (result,) = run(Request(engine, Speculation(method, k, str(draft_dir)), prompts, [Sampling(0.0, 32)]))
     except Eagle3Error as exc:
-        raise Fix(f"vLLM {version} did not serve this verifier with the EAGLE-3 draft: {exc}") from None
+        raise Fix(f"vLLM {version} did not serve this verifier with the {METHOD_NAMES[method]} draft: {exc}") from None
     counters = result["counters"]
     item.figures.update(
         draft=draft_source,
@@ -426,7 +443,7 @@ def check_serving(context: Context, item: Item) -> None:
     )
     item.how["start_and_generate_seconds"] = (
         "eagle3/engines/speculative.py's engine (a fresh process, as evaluate starts it) with speculative_config "
-        f"eagle3 k={k}, one greedy prompt of 32 tokens"
+        f"{method} k={k}, one greedy prompt of 32 tokens"
     )
     if not counters["num_drafts"]:
         raise Fix(f"vLLM {version} started the engine but proposed no draft tokens: check the draft at {draft_dir}")

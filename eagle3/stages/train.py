@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eagle3.chat.mask_token import unused_special_token
-from eagle3.chat.sequence_plan import load_tokenizer
+from eagle3.chat.mask_token import configured_mask_token
 from eagle3.environment import EnvironmentLog, capture, fingerprint
 from eagle3.errors import Eagle3Error
 from eagle3.formats.checkpoints import (
@@ -127,10 +126,8 @@ def build(
     vocab = load_vocab(root, provenance.vocab_size)
     data = open_training_data(root, params, provenance, world)
     verifier_config, aux_layer_ids = read_config(verifier_dir(root)), data.layer_ids[:-1]
-    mask_token_id = config.dflash.mask_token_id
-    if config.draft_method == "dflash" and mask_token_id is None:
-        mask_token_id, _ = unused_special_token(load_tokenizer(root, provenance), provenance.vocab_size)
-    draft_config = training_config(verifier_config, aux_layer_ids, len(vocab.d2t), config, mask_token_id or 0)
+    mask_token_id = configured_mask_token(root, provenance, config)
+    draft_config = training_config(verifier_config, aux_layer_ids, len(vocab.d2t), config, mask_token_id)
     return draft_config, data, vocab
 
 
