@@ -302,7 +302,7 @@ class DFlashDraft(nn.Module):
             assert isinstance(layer, DFlashLayer)
             context_kv = layer.self_attn.keys_values(context, cos_c, sin_c)
             h = layer(h, cos, sin, context_kv, anchors)
-        return h.reshape(batch, count, size, -1)
+        return h.reshape(batch, count, size, h.shape[-1])  # named: an empty batch has no rows to infer it from
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(features))

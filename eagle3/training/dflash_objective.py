@@ -81,7 +81,8 @@ class DFlashObjective(nn.Module):
             max=final.shape[1] - 1
         )
         rows = final.gather(1, scored.flatten(1)[:, :, None].expand(-1, -1, final.shape[-1]))
-        logits = (rows.to(self.target_head.dtype) @ self.target_head.T).view(*scored.shape, -1)
+        # The vocabulary named: a process's empty share of a batch has no rows to infer it from.
+        logits = (rows.to(self.target_head.dtype) @ self.target_head.T).view(*scored.shape, self.target_head.shape[0])
         return logits.float().softmax(-1), logits.argmax(-1)
 
     @torch.no_grad()
