@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from scratch_project import evaluate, evaluate_at_k, link, measure, run_stage, summary
+from scratch_project import evaluate, evaluate_at_k, keep, link, measure, run_stage, summary
 
 from eagle3.files import read_json, write_json
 from eagle3.paths import BENCHMARKS_DIR, HIDDEN_DIR, HIDDEN_INDEX, PREPARED_DIR, SYNTHETIC_DIR, VERIFIER_DIR, VOCAB_DIR
@@ -95,10 +95,7 @@ def main() -> None:
         for seed in args.seeds:
             for share in args.shares:
                 for name in args.arms:
-                    results.append(arm(root, base, name, share, seed, Path(scratch)))
-                    print(json.dumps(results[-1]), flush=True)
-                    if args.json:
-                        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+                    keep(results, arm(root, base, name, share, seed, Path(scratch)), args.json)
     print("\n" + "\n".join(summary(results)))
 
 

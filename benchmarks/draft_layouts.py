@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from scratch_project import evaluate, evaluate_at_k, link, measure, run_stage, summary
+from scratch_project import evaluate, evaluate_at_k, keep, link, measure, run_stage, summary
 
 from eagle3.params.train import EAGLE_3_1
 from eagle3.paths import BENCHMARKS_DIR, HIDDEN_DIR, PREPARED_DIR, SYNTHETIC_DIR, VERIFIER_DIR, VOCAB_DIR
@@ -72,10 +72,7 @@ def main() -> None:
         for seed in args.seeds:
             for layout in args.layouts:
                 for recipe in args.recipes:
-                    results.append(arm(root, base, layout, recipe, seed, Path(scratch)))
-                    print(json.dumps(results[-1]), flush=True)
-                    if args.json:
-                        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+                    keep(results, arm(root, base, layout, recipe, seed, Path(scratch)), args.json)
     print("\n" + "\n".join(summary(results)))
 
 

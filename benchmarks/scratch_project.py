@@ -96,6 +96,15 @@ def measure(work: Path, train_s: float, tokens_per_s: float | None = None) -> di
     }
 
 
+def keep(results: list[dict], result: dict, path: Path | None) -> None:
+    """An arm's result added to `results`, printed as one JSON line and, with `path`, all of them written there
+    (a long run stopped half-way keeps what it measured)."""
+    results.append(result)
+    print(json.dumps(result), flush=True)
+    if path:
+        path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+
+
 def _cell(values: list[float]) -> str:
     mean = statistics.fmean(values)
     return f"{mean:.4f} (±{(max(values) - min(values)) / 2:.4f})" if len(values) > 1 else f"{mean:.4f}"
